@@ -1,0 +1,11 @@
+"""Metadata helper shared by the charts: every object is named, namespaced and labelled explicitly."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from cdk8s_plus_33 import k8s
+
+
+def meta(name: str, labels: Mapping[str, str], namespace: Optional[str] = None) -> k8s.ObjectMeta:
+    return k8s.ObjectMeta(name=name, namespace=namespace, labels=dict(labels))

@@ -1,0 +1,170 @@
+"""Everything one synthesis needs, resolved once from the profile, the stack outputs and the CLI.
+
+The charts read only this object, so every consistency check (profile vs outputs, mode vs
+timeouts, names vs DNS limits) happens here, before any manifest is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Optional
+
+from config import RECOVERY_MODES, InstanceSpec, Profile
+from k8s import naming, outputs
+from k8s.errors import SynthError
+from k8s.outputs import StackOutputs
+
+IN_PROCESS_MODES = ("inprocess", "ft_launcher+inprocess")
+FT_LAUNCHER_MODES = ("ft_launcher", "ft_launcher+inprocess")
+
+SHM_MOUNT = "/dev/shm"
+NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
+CONFIG_MOUNT = "/etc/nvrx-eks"
+SETTINGS_FILE = "settings.json"
+DEFAULT_TOKENIZER = "byte"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One run of one profile in one mode, with every external value resolved."""
+
+    profile: Profile
+    mode: str
+    run_id: str
+    image: str
+    namespace: str
+    fsx_claim: str
+    node_local_host_dir: Optional[str]  # NodeLocalDir from the outputs; None unless node_dir == nvme
+    namespace_owned_by_stack: bool
+    tokenizer: str = DEFAULT_TOKENIZER
+
+    @property
+    def instance(self) -> InstanceSpec:
+        return self.profile.instance
+
+    @property
+    def has_efa(self) -> bool:
+        return self.instance.efa_interfaces > 0
+
+    @property
+    def uses_in_process(self) -> bool:
+        return self.mode in IN_PROCESS_MODES
+
+    @property
+    def uses_ft_launcher(self) -> bool:
+        return self.mode in FT_LAUNCHER_MODES
+
+    @property
+    def job_name(self) -> str:
+        return naming.train_job_name(self.run_id)
+
+    @property
+    def service_name(self) -> str:
+        """The headless Service shares the Job's name: pod DNS is `<job>-<index>.<job>`."""
+        return self.job_name
+
+    @property
+    def master_addr(self) -> str:
+        """Rank 0's stable DNS name: hostname `<job>-0` in subdomain `<service>`, any node count."""
+        return f"{self.job_name}-0.{self.service_name}"
+
+    @property
+    def fsx_mount(self) -> str:
+        return self.profile.storage.mount_path.rstrip("/") or "/"
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.fsx_mount}/runs/{self.run_id}"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return f"{self.run_dir}/checkpoints"
+
+    @property
+    def results_path(self) -> str:
+        return f"{self.run_dir}/results.json"
+
+    @property
+    def data_dir(self) -> str:
+        return f"{self.fsx_mount}/data/c4"
+
+    @property
+    def node_local_host_path(self) -> Optional[str]:
+        """The run's own subdirectory of the instance-store RAID, so runs never share snapshots."""
+        if self.node_local_host_dir is None:
+            return None
+        return f"{self.node_local_host_dir.rstrip('/')}/nvrx-runs/{self.run_id}"
+
+    @property
+    def node_dir(self) -> str:
+        """What the trainer gets as --node_dir for the node-local checkpoint tier."""
+        if self.profile.tiers.node_dir == "nvme":
+            return NODE_LOCAL_MOUNT
+        return f"{SHM_MOUNT}/nvrx"
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in RECOVERY_MODES:
+        raise SynthError(f"mode {mode!r} is not one of {', '.join(RECOVERY_MODES)}")
+    return mode
+
+
+def _check_timeouts(profile: Profile, mode: str) -> None:
+    """NVRx in-process restart needs the NCCL watchdog to outlast the Wrapper's hard timeout."""
+    rec = profile.recovery
+    if mode in IN_PROCESS_MODES and rec.nccl_timeout_s <= rec.hard_timeout_s:
+        raise SynthError(
+            f"profile {profile.name!r}: recovery.nccl_timeout_s {rec.nccl_timeout_s:g} must exceed "
+            f"recovery.hard_timeout_s {rec.hard_timeout_s:g} in mode {mode!r} (else the NCCL "
+            "watchdog kills the process before the in-process restart can act)"
+        )
+
+
+def _check_outputs_match(profile: Profile, out: StackOutputs) -> None:
+    """Outputs of another deployment would point the manifests at the wrong cluster or namespace."""
+    for key, expected in ((outputs.NAMESPACE, profile.namespace), (outputs.REGION, profile.region)):
+        actual = out.get(key)
+        if actual is not None and actual != expected:
+            raise SynthError(
+                f"{key} {actual!r} in {out.source} disagrees with profile {profile.name!r} "
+                f"({expected!r}): wrong outputs file for this profile?"
+            )
+
+
+def _image(profile: Profile, out: StackOutputs) -> str:
+    if profile.image:
+        return profile.image
+    repo = out.require(outputs.ECR_REPOSITORY_URI, "the profile sets no image")
+    return f"{repo}:{profile.image_tag}"
+
+
+def resolve(
+    profile: Profile,
+    out: StackOutputs,
+    mode: Optional[str] = None,
+    run_id: Optional[str] = None,
+    tokenizer: str = DEFAULT_TOKENIZER,
+    now: Optional[datetime] = None,
+) -> Deployment:
+    """Combine profile, outputs and CLI choices; raise SynthError naming the first bad value."""
+    chosen_mode = _check_mode(mode or profile.recovery.mode)
+    _check_timeouts(profile, chosen_mode)
+    _check_outputs_match(profile, out)
+    rid = naming.validate_run_id(
+        run_id or naming.default_run_id(chosen_mode, now), profile.node_count
+    )
+    node_local = None
+    if profile.tiers.node_dir == "nvme":
+        node_local = out.require(outputs.NODE_LOCAL_DIR, "tiers.node_dir is 'nvme'")
+    return Deployment(
+        profile=profile,
+        mode=chosen_mode,
+        run_id=rid,
+        image=_image(profile, out),
+        namespace=profile.namespace,
+        fsx_claim=out.require(outputs.FSX_PVC_NAME, "the FSx claim every pod mounts"),
+        node_local_host_dir=node_local,
+        namespace_owned_by_stack=out.get(outputs.NAMESPACE) is not None,
+        tokenizer=tokenizer,
+    )

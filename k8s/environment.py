@@ -1,0 +1,111 @@
+"""Container environment: rank identity, the HF token reference, NCCL/EFA and PyTorch NCCL knobs.
+
+Network settings follow the instance table (EFA count, GPUDirect RDMA); the PyTorch watchdog
+settings follow the recovery mode, because each mode wants a different reaction to a NCCL
+error: baseline and ft_launcher want the process to die (the Job or the launcher restarts it),
+in-process restart wants it to live so the NVRx Wrapper can abort and re-enter.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cdk8s_plus_33 import k8s
+
+from config import InstanceSpec
+from k8s import naming
+from k8s.deployment import Deployment
+
+# Where the EFA installer puts aws-ofi-nccl in the Ubuntu image (the Dockerfile checks it exists).
+OFI_NCCL_LIB_DIR = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
+NCCL_TUNER_PLUGIN_PATH = f"{OFI_NCCL_LIB_DIR}/libnccl-ofi-tuner.so"
+HF_TOKEN_ENV = "HF_TOKEN"
+
+
+def network_env(spec: InstanceSpec) -> dict[str, str]:
+    """NCCL/libfabric settings for one instance family."""
+    env = {
+        # Bootstrap and TCPStore over the pod's eth0, never loopback or bridges.
+        "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
+        # INIT,NET shows "Selected provider is efa" once per rank: proof that EFA is in use.
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    }
+    if spec.efa_interfaces:
+        env.update(
+            {
+                "FI_PROVIDER": "efa",
+                "FI_EFA_FORK_SAFE": "1",  # data loader workers fork after memory registration
+                "NCCL_TUNER_PLUGIN": NCCL_TUNER_PLUGIN_PATH,
+            }
+        )
+        if spec.gpudirect_rdma:
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    else:
+        # No EFA: use NCCL's own sockets rather than letting aws-ofi-nccl pick libfabric's tcp.
+        env["NCCL_NET"] = "Socket"
+    return env
+
+
+def recovery_env(dep: Deployment) -> dict[str, str]:
+    """PyTorch NCCL watchdog behaviour matching the recovery mode and the profile's timeouts."""
+    rec = dep.profile.recovery
+    # The watchdog-of-the-watchdog must never fire before a collective timeout or the
+    # Wrapper's hard timeout has had its chance.
+    heartbeat = math.ceil(2 * max(rec.nccl_timeout_s, rec.hard_timeout_s))
+    env = {
+        # 3: tear the process down on a NCCL error/timeout (Job or launcher restarts it);
+        # 2: only abort the communicator, so the error surfaces as an exception that the
+        #    in-process Wrapper catches and restarts from.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2" if dep.uses_in_process else "3",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(heartbeat),
+    }
+    if dep.uses_in_process:
+        env.update(
+            {
+                # NVRx known issues: NVLink SHARP buffers are not released by a communicator
+                # abort, and a rethrown CUDA error in the watchdog kills the process.
+                "NCCL_NVLS_ENABLE": "0",
+                "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",
+                # The Wrapper polls the store with timeouts; each would log a warning.
+                "TORCH_CPP_LOG_LEVEL": "ERROR",
+            }
+        )
+    return env
+
+
+def run_env(dep: Deployment) -> dict[str, str]:
+    return {
+        "NVRX_RUN_ID": dep.run_id,
+        "NVRX_RUN_DIR": dep.run_dir,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def completion_index_env() -> k8s.EnvVar:
+    """Node rank = completion index; `$(JOB_COMPLETION_INDEX)` in args expands from this."""
+    path = f"metadata.annotations['{naming.COMPLETION_INDEX_KEY}']"
+    return k8s.EnvVar(
+        name=naming.COMPLETION_INDEX_ENV,
+        value_from=k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path=path)),
+    )
+
+
+def hf_token_env() -> k8s.EnvVar:
+    """A reference to the user's Secret, optional so runs without gated downloads still start."""
+    ref = k8s.SecretKeySelector(name=naming.HF_TOKEN_SECRET, key=naming.HF_TOKEN_KEY, optional=True)
+    return k8s.EnvVar(name=HF_TOKEN_ENV, value_from=k8s.EnvVarSource(secret_key_ref=ref))
+
+
+def as_env_vars(values: dict[str, str]) -> list[k8s.EnvVar]:
+    return [k8s.EnvVar(name=name, value=value) for name, value in values.items()]
+
+
+def training_env(dep: Deployment) -> list[k8s.EnvVar]:
+    plain = {**run_env(dep), **network_env(dep.instance), **recovery_env(dep)}
+    return [completion_index_env(), hf_token_env(), *as_env_vars(plain)]
+
+
+def data_prep_env() -> list[k8s.EnvVar]:
+    return [hf_token_env(), *as_env_vars({"PYTHONUNBUFFERED": "1"})]

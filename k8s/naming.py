@@ -1,0 +1,110 @@
+"""Names, labels, ports and cluster conventions shared by every manifest and by the wrapper.
+
+One module so the charts, the wrapper's label selectors and the infra contract (node labels,
+taint, hugepages) cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+from k8s.errors import SynthError
+
+# Labels on every object we create; the wrapper's `cleanup` selects on PART_OF.
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+PART_OF = "nvrx-eks"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_RUN_ID = "nvrx-eks/run-id"
+LABEL_MODE = "nvrx-eks/mode"
+COMPONENT_TRAIN = "train"
+COMPONENT_DATA_PREP = "data-prep"
+COMPONENT_RESULTS = "results"
+
+# Set by the Job controller on Indexed Job pods (label since 1.28, annotation since 1.21).
+COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
+
+# Contract with the infra stacks (GPU node group).
+NODE_GROUP_LABEL = "nvrx-eks/node-group"
+NODE_GROUP_GPU = "gpu"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "true"
+GPU_TAINT_EFFECT = "NoSchedule"
+
+# Extended resources advertised by the NVIDIA and EFA device plugins.
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+EFA_HUGEPAGES_MIB = 5120  # what the GPU nodes pre-allocate per pod for libfabric's EFA buffers
+EFA_HUGEPAGES = f"{EFA_HUGEPAGES_MIB}Mi"
+
+# Fixed object names shared by all runs of a namespace.
+SERVICE_ACCOUNT = "nvrx-trainer"
+DATA_PREP_JOB = "data-prep"
+HF_TOKEN_SECRET = "hf-token"
+HF_TOKEN_KEY = "token"
+TRAINER_CONTAINER = "trainer"
+
+# Ports between training pods (contract with the trainer's launcher).
+RENDEZVOUS_PORT = 29500  # torchrun / ft_launcher rendezvous and TCPStore
+APP_STORE_PORT = 29501  # in-process restart: application TCPStore (MASTER_PORT + 1)
+WRAPPER_STORE_PORT = 29502  # in-process restart: Wrapper's TCPStore (MASTER_PORT + 2)
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_LABEL_MAX = 63
+TRAIN_PREFIX = "train-"
+RESULTS_PREFIX = "results-"
+
+
+def mode_slug(mode: str) -> str:
+    """A recovery mode as a DNS-label fragment and label value ('ft_launcher+inprocess' -> 'ft-launcher-inprocess')."""
+    return mode.replace("_", "-").replace("+", "-")
+
+
+def default_run_id(mode: str, now: datetime | None = None) -> str:
+    """Mode plus UTC timestamp: unique per submission and sortable, so runs never share a directory."""
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    return f"{mode_slug(mode)}-{stamp}"
+
+
+def validate_run_id(run_id: str, node_count: int) -> str:
+    """Reject run ids that would make an invalid Job, Service or pod hostname (`<job>-<index>`)."""
+    if not _DNS_LABEL.fullmatch(run_id):
+        raise SynthError(
+            f"run id {run_id!r} must be lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    hostname = f"{train_job_name(run_id)}-{node_count - 1}"
+    if len(hostname) > _DNS_LABEL_MAX:
+        limit = len(run_id) - (len(hostname) - _DNS_LABEL_MAX)
+        raise SynthError(
+            f"run id {run_id!r} is too long: pod hostname {hostname!r} exceeds 63 characters "
+            f"(use at most {limit} characters)"
+        )
+    return run_id
+
+
+def train_job_name(run_id: str) -> str:
+    """Also the headless Service, ConfigMap and NetworkPolicy name of the run."""
+    return f"{TRAIN_PREFIX}{run_id}"
+
+
+def results_pod_name(run_id: str) -> str:
+    return f"{RESULTS_PREFIX}{run_id}"[:_DNS_LABEL_MAX].rstrip("-")
+
+
+def base_labels(component: str) -> dict[str, str]:
+    return {LABEL_PART_OF: PART_OF, LABEL_COMPONENT: component}
+
+
+def run_labels(run_id: str, mode: str) -> dict[str, str]:
+    """Labels of every object of one training run (the Service and NetworkPolicy select on these)."""
+    return {**base_labels(COMPONENT_TRAIN), LABEL_RUN_ID: run_id, LABEL_MODE: mode_slug(mode)}
+
+
+def run_selector(run_id: str) -> dict[str, str]:
+    """The smallest label set that picks exactly one run's training pods."""
+    return {LABEL_COMPONENT: COMPONENT_TRAIN, LABEL_RUN_ID: run_id}

@@ -1,0 +1,140 @@
+"""Pod building blocks shared by the training, data-prep and results charts.
+
+Security model (why root only where EFA is used): EFA registers host memory with the NIC, which
+the kernel counts against RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK. Kubernetes has
+no ambient capabilities, so an added capability is effective only for uid 0; a non-root
+process would depend on the node's containerd memlock limit instead. Training pods on EFA
+instances therefore run as uid 0 with every capability dropped except IPC_LOCK, no privilege
+escalation and the RuntimeDefault seccomp profile; every other container runs as the image's
+non-root user. FSx for Lustre ignores fsGroup, so a short root init container (CHOWN and
+DAC_OVERRIDE only) creates the directories a non-root container writes and hands them over.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Mapping, Sequence
+
+from cdk8s_plus_33 import k8s
+
+from config import InstanceSpec
+from k8s import naming
+from k8s.errors import SynthError
+
+APP_UID = 10001  # the non-root user the Dockerfile creates (tests check they agree)
+ROOT_UID = 0
+FSX_VOLUME = "fsx"
+SHM_VOLUME = "dshm"
+CONFIG_VOLUME = "settings"
+NODE_LOCAL_VOLUME = "node-local"
+INIT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE")
+
+
+def container_security(uid: int, add: Sequence[str] = ()) -> k8s.SecurityContext:
+    """Not privileged, no escalation, all capabilities dropped except `add`."""
+    return k8s.SecurityContext(
+        privileged=False,
+        allow_privilege_escalation=False,
+        run_as_user=uid,
+        run_as_group=uid,
+        run_as_non_root=uid != ROOT_UID,
+        capabilities=k8s.Capabilities(drop=["ALL"], add=list(add) or None),
+        seccomp_profile=k8s.SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def pod_security() -> k8s.PodSecurityContext:
+    return k8s.PodSecurityContext(seccomp_profile=k8s.SeccompProfile(type="RuntimeDefault"))
+
+
+def fsx_volume(claim: str, read_only: bool = False) -> k8s.Volume:
+    """The stack's static FSx claim; the manifests never create the PV or PVC themselves."""
+    source = k8s.PersistentVolumeClaimVolumeSource(claim_name=claim, read_only=read_only or None)
+    return k8s.Volume(name=FSX_VOLUME, persistent_volume_claim=source)
+
+
+def shm_volume(size: str) -> k8s.Volume:
+    """A memory-backed /dev/shm bounded by the profile, instead of the host's shared /dev/shm."""
+    source = k8s.EmptyDirVolumeSource(medium="Memory", size_limit=k8s.Quantity.from_string(size))
+    return k8s.Volume(name=SHM_VOLUME, empty_dir=source)
+
+
+def config_volume(config_map: str) -> k8s.Volume:
+    return k8s.Volume(name=CONFIG_VOLUME, config_map=k8s.ConfigMapVolumeSource(name=config_map))
+
+
+def node_local_volume(host_path: str) -> k8s.Volume:
+    """The run's directory on the instance-store RAID; created by the kubelet on first use."""
+    source = k8s.HostPathVolumeSource(path=host_path, type="DirectoryOrCreate")
+    return k8s.Volume(name=NODE_LOCAL_VOLUME, host_path=source)
+
+
+def mount(volume: str, path: str, read_only: bool = False) -> k8s.VolumeMount:
+    return k8s.VolumeMount(name=volume, mount_path=path, read_only=read_only or None)
+
+
+def gpu_node_selector(spec: InstanceSpec) -> dict[str, str]:
+    """Pin pods to the stack's GPU node group of exactly the profile's instance type."""
+    return {
+        naming.NODE_GROUP_LABEL: naming.NODE_GROUP_GPU,
+        naming.INSTANCE_TYPE_LABEL: spec.instance_type,
+    }
+
+
+def gpu_tolerations() -> list[k8s.Toleration]:
+    return [
+        k8s.Toleration(
+            key=naming.GPU_TAINT_KEY,
+            operator="Equal",
+            value=naming.GPU_TAINT_VALUE,
+            effect=naming.GPU_TAINT_EFFECT,
+        )
+    ]
+
+
+def one_pod_per_node(selector: Mapping[str, str]) -> k8s.Affinity:
+    """Required anti-affinity on hostname: two ranks never share a node's GPUs and EFAs."""
+    term = k8s.PodAffinityTerm(
+        label_selector=k8s.LabelSelector(match_labels=dict(selector)),
+        topology_key=naming.HOSTNAME_LABEL,
+    )
+    return k8s.Affinity(
+        pod_anti_affinity=k8s.PodAntiAffinity(required_during_scheduling_ignored_during_execution=[term])
+    )
+
+
+def prepare_dirs_script(dirs: Sequence[str], owner_uid: int, copies: Sequence[tuple[str, str]] = ()) -> str:
+    """Shell for the init container: create dirs, copy files in, hand both to `owner_uid`."""
+    if not dirs:
+        raise SynthError("prepare_dirs_script needs at least one directory")
+    owned = [*dirs, *(dst for _, dst in copies)]
+    lines = ["set -eu", "mkdir -p " + " ".join(shlex.quote(d) for d in dirs)]
+    lines += [f"cp {shlex.quote(src)} {shlex.quote(dst)}" for src, dst in copies]
+    lines.append(f"chown {owner_uid}:{owner_uid} " + " ".join(shlex.quote(p) for p in owned))
+    return "\n".join(lines)
+
+
+def prepare_dirs_container(
+    image: str,
+    dirs: Sequence[str],
+    owner_uid: int,
+    mounts: Sequence[k8s.VolumeMount],
+    copies: Sequence[tuple[str, str]] = (),
+) -> k8s.Container:
+    return k8s.Container(
+        name="prepare-dirs",
+        image=image,
+        image_pull_policy="IfNotPresent",
+        command=["sh", "-c", prepare_dirs_script(dirs, owner_uid, copies)],
+        security_context=container_security(ROOT_UID, INIT_CAPABILITIES),
+        resources=small_resources(),
+        volume_mounts=list(mounts),
+    )
+
+
+def small_resources(cpu: str = "100m", memory: str = "256Mi") -> k8s.ResourceRequirements:
+    """Helpers that only copy or create files."""
+    return k8s.ResourceRequirements(
+        requests={"cpu": k8s.Quantity.from_string(cpu), "memory": k8s.Quantity.from_string(memory)},
+        limits={"memory": k8s.Quantity.from_string(memory)},
+    )

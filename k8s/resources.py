@@ -1,0 +1,94 @@
+"""Pod resources derived from the instance table: one training pod owns one whole node.
+
+GPUs and EFA interfaces are requested in full (a pod that gets fewer would silently train slower
+or fall back to TCP). CPU and memory leave headroom for the kubelet, system daemons and the
+DaemonSets every GPU node runs (device plugins, FSx CSI node, VPC CNI), and memory also leaves
+out the 2 MiB hugepages that the node pre-allocates (those are not allocatable as memory).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from cdk8s_plus_33 import k8s
+
+from config import InstanceSpec, Profile
+from k8s import naming
+from k8s.errors import SynthError
+
+SYSTEM_MEMORY_FRACTION = 0.08  # kube/system reserved, eviction threshold, DaemonSets, kernel
+MIN_SYSTEM_MEMORY_GIB = 4
+SYSTEM_CPU_FRACTION = 0.05
+MIN_SYSTEM_CPUS = 1
+HUGEPAGES_GIB = math.ceil(naming.EFA_HUGEPAGES_MIB / 1024)  # not allocatable as memory
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """Requests and limits of the training container (requests == limits for device resources)."""
+
+    gpus: int
+    efa: int
+    hugepages: Optional[str]
+    cpus: int
+    memory_gib: int
+
+    def requests(self) -> dict[str, k8s.Quantity]:
+        res = {
+            "cpu": k8s.Quantity.from_number(self.cpus),
+            "memory": k8s.Quantity.from_string(f"{self.memory_gib}Gi"),
+        }
+        return {**res, **self._devices()}
+
+    def limits(self) -> dict[str, k8s.Quantity]:
+        """Memory is bounded (the /dev/shm tmpfs is charged to it); CPU is not, to avoid throttling."""
+        return {"memory": k8s.Quantity.from_string(f"{self.memory_gib}Gi"), **self._devices()}
+
+    def requirements(self) -> k8s.ResourceRequirements:
+        return k8s.ResourceRequirements(requests=self.requests(), limits=self.limits())
+
+    def _devices(self) -> dict[str, k8s.Quantity]:
+        devices = {naming.GPU_RESOURCE: k8s.Quantity.from_number(self.gpus)}
+        if self.efa:
+            devices[naming.EFA_RESOURCE] = k8s.Quantity.from_number(self.efa)
+        if self.hugepages:
+            devices[naming.HUGEPAGES_RESOURCE] = k8s.Quantity.from_string(self.hugepages)
+        return devices
+
+
+def training_resources(spec: InstanceSpec) -> PodResources:
+    """Whole-node sizing for one instance type."""
+    efa = spec.efa_interfaces
+    reserved_mem = max(MIN_SYSTEM_MEMORY_GIB, math.ceil(spec.memory_gib * SYSTEM_MEMORY_FRACTION))
+    memory = spec.memory_gib - reserved_mem - (HUGEPAGES_GIB if efa else 0)
+    cpus = spec.vcpus - max(MIN_SYSTEM_CPUS, math.ceil(spec.vcpus * SYSTEM_CPU_FRACTION))
+    if memory <= 0 or cpus <= 0:
+        raise SynthError(f"instance type {spec.instance_type} is too small for a training pod")
+    return PodResources(
+        gpus=spec.gpus,
+        efa=efa,
+        hugepages=naming.EFA_HUGEPAGES if efa else None,
+        cpus=cpus,
+        memory_gib=memory,
+    )
+
+
+def check_memory_budget(profile: Profile, resources: PodResources) -> None:
+    """/dev/shm and the in-memory snapshot tier both live inside the container's memory limit."""
+    tiers = profile.tiers
+    needed = tiers.shm_size_gib + tiers.memory_budget_gib
+    if needed >= resources.memory_gib:
+        raise SynthError(
+            f"profile {profile.name!r}: tiers.shm_size_gib {tiers.shm_size_gib:g} + "
+            f"tiers.memory_budget_gib {tiers.memory_budget_gib:g} GiB does not fit the "
+            f"{resources.memory_gib} GiB memory of a {profile.instance_type} training pod"
+        )
+
+
+def gib_quantity(gib: float) -> str:
+    """A GiB amount as a Kubernetes quantity string, exact for fractional values."""
+    if float(gib).is_integer():
+        return f"{int(gib)}Gi"
+    return f"{math.ceil(gib * 1024)}Mi"

@@ -1,0 +1,1 @@
+"""FSDP2 LLaMA training that keeps GPUs productive through failures."""

@@ -1,0 +1,225 @@
+"""The checkpoint manager the training loop talks to: save at the interval, poll, restore.
+
+A save first copies the rank's shard into its host staging buffer (the only part that blocks
+training in async mode), then writes it: inline with torch.save (sync, the baseline) or in NVRx's
+persistent background worker (async). Rank 0 commits a checkpoint once every rank's marker is
+on storage; nothing here needs a collective except restore, where all ranks must agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from trainer.events import EventLog
+from trainer.staging import HostBuffer, Layout
+from trainer.state import local_tensors, restore, shard_layout
+from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
+                           step_dir_name, write_shard)
+
+
+def default_node_dir() -> Path:
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return base / "nvrx-eks"
+
+
+def run_key(checkpoint_dir: str) -> str:
+    """Names node-local files per run, so two runs on one node never share buffers."""
+    return hashlib.sha1(os.path.abspath(checkpoint_dir).encode()).hexdigest()[:12]
+
+
+class CheckpointManager:
+    def __init__(self, checkpoint_dir: str, *, rank: int, world_size: int, device: torch.device,
+                 use_async: bool, keep: int, timeout_s: float, events: EventLog,
+                 node_dir: Optional[str] = None, log: Callable[[str], None] = print):
+        self.store = CheckpointStore(checkpoint_dir, keep=keep, warn=log)
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.use_async = use_async
+        self.timeout_s = timeout_s
+        self.events = events
+        self.log = log
+        self.stats = SaveStats()
+        self.node_dir = Path(node_dir or default_node_dir()) / run_key(checkpoint_dir)
+        self._buffer: Optional[HostBuffer] = None
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._writer = None
+        self._in_flight: Optional[tuple[int, float]] = None  # (step, submitted at)
+        self._uncommitted: list[int] = []  # rank 0: steps waiting for every rank's marker
+        self.last_saved_step = -1
+
+    # -- saving ------------------------------------------------------------------------------
+    def _staging(self, tensors: dict[str, torch.Tensor]) -> HostBuffer:
+        layout = Layout.of(tensors)
+        if self._buffer is None or self._buffer.layout != layout:
+            if self._buffer is not None:
+                self._buffer.close(unlink=True)
+            path = self.node_dir / f"durable.rank{self.rank:05d}.buf"
+            self._buffer = HostBuffer(path, layout, pin=self.device.type == "cuda")
+            self.stats.bytes_per_rank = layout.total_bytes
+        return self._buffer
+
+    def _async_writer(self):
+        if self._writer is None:
+            from trainer.nvrx_compat import AsyncWriter
+
+            self._writer = AsyncWriter()
+        return self._writer
+
+    def save(self, step: int, model, optimizer, meta: dict) -> float:
+        """Checkpoint `step`; returns the seconds training was blocked."""
+        t0 = time.perf_counter()
+        self.wait_for_writer()  # the staging buffer is free only once the last write is done
+        tensors = local_tensors(model, optimizer)
+        buf = self._staging(tensors)
+        buf.stage(tensors, self._stream)
+        req = ShardWrite(str(buf.path), buf.layout.to_json(),
+                         {**meta, "step": step, "world_size": self.world_size, "rank": self.rank,
+                          "params": shard_layout(model)},
+                         str(self.store.root / step_dir_name(step)), self.rank, step,
+                         self.world_size)
+        if self.use_async:
+            self._async_writer().submit(write_shard, req)
+            self._in_flight = (step, time.time())
+        else:
+            marker = write_shard(req)
+            self.stats.write_seconds.append(marker["write_seconds"])
+        if self.rank == 0:
+            self._uncommitted.append(step)
+        if not self.use_async:
+            dist.barrier()
+            self.poll()
+        blocked = time.perf_counter() - t0
+        self.stats.count += 1
+        self.stats.blocking_seconds.append(blocked)
+        self.last_saved_step = step
+        self.events.emit("ckpt_save", step=step, blocking_s=blocked, is_async=self.use_async,
+                         bytes=self.stats.bytes_per_rank)
+        return blocked
+
+    def _check_writer(self) -> None:
+        """Fail loudly if the background writer died or overran its time."""
+        if self._in_flight is None or self._writer is None:
+            return
+        step, since = self._in_flight
+        code = self._writer.worker_exitcode()
+        if code is not None:
+            self._writer.close(abort=True)
+            self._in_flight = None
+            raise CheckpointError(f"the background checkpoint writer of rank {self.rank} died "
+                                  f"(exit code {code}) while writing step {step}; that "
+                                  "checkpoint is not committed")
+        if time.time() - since > self.timeout_s:
+            self._writer.close(abort=True)
+            self._in_flight = None
+            raise CheckpointError(f"the background checkpoint writer of rank {self.rank} took "
+                                  f"more than {self.timeout_s:g} s (--checkpoint_timeout) for "
+                                  f"step {step}; that checkpoint is not committed")
+
+    def poll(self) -> None:
+        """Once per step: retire finished writes, watch the writer, commit what is complete."""
+        if self._in_flight is not None and self._writer is not None:
+            if self._writer.poll():
+                step, since = self._in_flight
+                self.stats.write_seconds.append(time.time() - since)
+                self._in_flight = None
+            else:
+                self._check_writer()
+        if self.rank == 0:
+            self._commit_ready()
+
+    def _commit_ready(self) -> None:
+        while self._uncommitted:
+            step = self._uncommitted[0]
+            markers = self.store.ready_markers(step, self.world_size)
+            if markers is None:
+                return
+            self.store.commit(step, markers, {})
+            self._uncommitted.pop(0)
+            self.events.emit("ckpt_commit", step=step,
+                             write_s=max(m["write_seconds"] for m in markers),
+                             bytes=sum(m["bytes"] for m in markers))
+
+    def wait_for_writer(self) -> None:
+        """Block until this rank's background write is done (watched, never forever)."""
+        while self._in_flight is not None:
+            self.poll()
+            if self._in_flight is not None:
+                time.sleep(0.01)
+
+    def finish(self) -> None:
+        """Drain writes and, on rank 0, commit everything still pending (bounded by the timeout)."""
+        self.wait_for_writer()
+        dist.barrier()
+        deadline = time.time() + self.timeout_s
+        while self.rank == 0 and self._uncommitted:
+            self._commit_ready()
+            if self._uncommitted:
+                if time.time() > deadline:
+                    raise CheckpointError(f"checkpoint step {self._uncommitted[0]} never got "
+                                          "every rank's marker; it is not committed")
+                time.sleep(0.05)
+        self.close()
+
+    def close(self, abort: bool = False) -> None:
+        if self._writer is not None:
+            self._writer.close(abort=abort)
+            self._writer = None
+        if self._buffer is not None:
+            self._buffer.close(unlink=True)
+            self._buffer = None
+        self._in_flight = None
+
+    # -- restoring ---------------------------------------------------------------------------
+    def _shards_for(self, path: Path, manifest: dict) -> list[LoadedShard]:
+        """The saved shards this rank needs: its own at the same world size, else all of them."""
+        ranks = [self.rank] if manifest["world_size"] == self.world_size else range(
+            manifest["world_size"])
+        return [self.store.load_shard(path, manifest, r) for r in ranks]
+
+    def restore(self, model, optimizer, required: bool) -> Optional[dict]:
+        """Load the newest checkpoint every rank can read and verify; its meta, or None if none.
+
+        All ranks try the same candidates in the same order and agree on each through an
+        all-reduce, so no rank can resume from a different step than another.
+        """
+        candidates = self.store.candidates()
+        if not candidates:
+            if required:
+                raise CheckpointError(f"no complete checkpoint in {self.store.root} "
+                                      "(--resume required)")
+            return None
+        errors = []
+        for step, path, manifest in candidates:
+            t0 = time.time()
+            shards, err = None, ""
+            try:
+                shards = self._shards_for(path, manifest)
+            except (CheckpointError, OSError, KeyError) as exc:
+                err = str(exc)
+            ok = torch.tensor([0 if shards is None else 1], device=self.device)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            if int(ok.item()) == 1:
+                restore(model, optimizer, [(s.tensors, s.meta["params"]) for s in shards])
+                meta = shards[0].meta  # step, data cursor and RNG are the same in every shard
+                nbytes = sum(s.bytes for s in shards)
+                self.events.emit("ckpt_load", step=step, tier="durable", bytes=nbytes,
+                                 seconds=time.time() - t0, saved_world_size=manifest["world_size"])
+                if self.rank == 0:
+                    self.store.discard_uncommitted_after(step)
+                return meta
+            if err:
+                self.log(f"rank {self.rank}: skipping checkpoint {path}: {err}")
+            errors.append(path.name)
+        raise CheckpointError(f"none of the {len(candidates)} committed checkpoints in "
+                              f"{self.store.root} could be loaded by every rank "
+                              f"({', '.join(errors)}); refusing to restart from step 0")

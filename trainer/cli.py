@@ -1,0 +1,83 @@
+"""`python -m trainer`: parse, pick the recovery layer, train, write results.json (rank 0)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence
+
+from trainer.config import TrainConfig, parse_args
+
+
+def events_path(cfg: TrainConfig) -> Optional[Path]:
+    if cfg.results_path:
+        return Path(cfg.results_path).resolve().parent / "events.jsonl"
+    if cfg.checkpoint_dir:
+        return Path(cfg.checkpoint_dir) / "events.jsonl"
+    return None
+
+
+def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) -> dict:
+    from trainer.events import read_events
+    from trainer.goodput import summarize
+    from trainer.staging import write_json_atomic
+
+    results = {"mode": cfg.mode}
+    if events_file is not None:
+        results.update(summarize(read_events(events_file), cfg.max_steps, cfg.checkpoint_interval))
+    results.update({k: v for k, v in summary.items() if k != "checkpoint"})
+    results["config"] = cfg.to_dict()
+    if cfg.results_path:
+        path = Path(cfg.results_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, results)
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    cfg = parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*pynvml.*")
+    import torch.distributed as dist
+
+    from trainer.events import EventLog
+    from trainer.parallel import dist_env
+
+    try:
+        env = dist_env(cfg.device)
+    except RuntimeError as exc:
+        print(f"python -m trainer: error: {exc}", file=sys.stderr)
+        return 2
+    events_file = events_path(cfg)
+    events = EventLog(events_file, env.rank)
+    events.emit("launch", mode=cfg.mode, world_size=env.world_size,
+                launcher_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    try:
+        if cfg.inprocess:
+            from trainer.inprocess import run_inprocess
+
+            summary = run_inprocess(cfg, env, events)
+        else:
+            from trainer.train import Hooks, run
+
+            hooks = Hooks()
+            if cfg.ft_launcher:
+                from trainer.heartbeat import attach_heartbeat
+
+                attach_heartbeat(hooks, events)
+            summary = run(cfg, env, events, hooks)
+    except Exception as exc:  # one clear line per rank; the traceback goes to stderr below it
+        events.emit("error", type=type(exc).__name__, message=str(exc)[:500], sync=True)
+        print(f"rank {env.rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if env.rank == 0:
+        results = write_results(cfg, summary, events_file)
+        print(f"done: {results['steps_completed']} steps in {results.get('wall_seconds', 0):.1f} s, "
+              f"param_sha256 {results['param_sha256'][:16]}")
+    return 0

@@ -1,0 +1,243 @@
+"""The one configuration object that flows through the trainer, and its command line.
+
+Flag names follow the published example (`--checkpoint_interval`, `--use_async_checkpoint`,
+`--fault_*`) so its commands keep working. Every check runs before any process group starts:
+a bad value is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from typing import NoReturn, Optional, Sequence
+
+MODES = ("baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess")
+FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom")
+TIERS = ("memory", "node", "peer")
+RESUME = ("auto", "required", "never")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A bad flag value; the message names the value and what is allowed."""
+
+
+@dataclass
+class TrainConfig:
+    # model and data
+    model: str = "tiny"
+    data_path: Optional[str] = None
+    max_steps: int = 100
+    seq_len: int = 128
+    batch_size: int = 4
+    lr: float = 3e-4
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    seed: int = 1234
+    device: str = "auto"
+    # checkpoints (durable tier)
+    checkpoint_dir: Optional[str] = None
+    checkpoint_interval: int = 0
+    use_async_checkpoint: bool = True
+    keep_checkpoints: int = 2
+    resume: str = "auto"
+    checkpoint_timeout: float = 600.0
+    # snapshot tiers
+    snapshot_interval: int = 0
+    tiers: tuple[str, ...] = ()
+    memory_budget_gib: float = 0.0
+    node_dir: Optional[str] = None
+    # outputs
+    results_path: Optional[str] = None
+    log_interval: int = 10
+    trace_samples: bool = False
+    # recovery
+    mode: str = "baseline"
+    soft_timeout: float = 60.0
+    hard_timeout: float = 90.0
+    barrier_timeout: float = 120.0
+    completion_timeout: float = 120.0
+    inprocess_max_restarts: int = 20
+    min_world_size: int = 1
+    nccl_timeout: float = 120.0
+    # fault injection
+    fault_count: int = 0
+    fault_seed: int = 42
+    fault_types: tuple[str, ...] = ("exception", "hang")
+    fault_type_weights: tuple[float, ...] = ()
+    fault_after_step: int = 10
+    fault_probability: float = 0.0
+    # derived, not flags
+    extra: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def inprocess(self) -> bool:
+        return "inprocess" in self.mode
+
+    @property
+    def ft_launcher(self) -> bool:
+        return self.mode.startswith("ft_launcher")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("extra")
+        return d
+
+
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("true", "1", "yes", "on"):
+        return True
+    if t in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; use true or false")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in _csv(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = _OneLineParser(prog=prog, description="FSDP2 LLaMA training that survives faults.")
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model", default=d.model,
+                   help="preset (tiny, llama-1b, llama3.1-8b), a local Hugging Face model "
+                        "directory, or a hub id (the only case that uses the network)")
+    g.add_argument("--data_path", default=d.data_path,
+                   help="directory made by `python -m trainer.data prepare`; default: the "
+                        "bundled local corpus, prepared on first use")
+    g.add_argument("--max_steps", type=int, default=d.max_steps)
+    g.add_argument("--seq_len", type=int, default=d.seq_len)
+    g.add_argument("--batch_size", type=int, default=d.batch_size, help="sequences per rank per step")
+    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--warmup_steps", type=int, default=d.warmup_steps)
+    g.add_argument("--grad_clip", type=float, default=d.grad_clip)
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--device", choices=DEVICES, default=d.device)
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint_dir", default=d.checkpoint_dir)
+    g.add_argument("--checkpoint_interval", type=int, default=d.checkpoint_interval,
+                   help="steps between durable checkpoints (0: only at the end)")
+    g.add_argument("--use_async_checkpoint", type=_bool, default=d.use_async_checkpoint,
+                   metavar="true|false")
+    g.add_argument("--keep_checkpoints", type=int, default=d.keep_checkpoints)
+    g.add_argument("--resume", choices=RESUME, default=d.resume,
+                   help="auto: newest complete checkpoint if any; required: error if none")
+    g.add_argument("--checkpoint_timeout", type=float, default=d.checkpoint_timeout,
+                   help="seconds a background write may take before training fails")
+    g = p.add_argument_group("snapshot tiers")
+    g.add_argument("--snapshot_interval", type=int, default=d.snapshot_interval,
+                   help="steps between in-memory snapshots (0: off)")
+    g.add_argument("--tiers", type=_csv, default=d.tiers, metavar="memory,node,peer")
+    g.add_argument("--memory_budget_gib", type=float, default=d.memory_budget_gib,
+                   help="host memory the snapshot buffers may use per rank (0: two shards)")
+    g.add_argument("--node_dir", default=d.node_dir,
+                   help="node-local directory for the node tier (default /dev/shm/nvrx-eks)")
+    g = p.add_argument_group("outputs")
+    g.add_argument("--results_path", default=d.results_path,
+                   help="results.json; events.jsonl is written beside it")
+    g.add_argument("--log_interval", type=int, default=d.log_interval)
+    g.add_argument("--trace_samples", type=_bool, default=d.trace_samples, metavar="true|false",
+                   help="log the sample indices of every step (for verification)")
+    g = p.add_argument_group("recovery")
+    g.add_argument("--mode", choices=MODES, default=d.mode)
+    g.add_argument("--soft_timeout", type=float, default=d.soft_timeout)
+    g.add_argument("--hard_timeout", type=float, default=d.hard_timeout)
+    g.add_argument("--barrier_timeout", type=float, default=d.barrier_timeout)
+    g.add_argument("--completion_timeout", type=float, default=d.completion_timeout)
+    g.add_argument("--inprocess_max_restarts", type=int, default=d.inprocess_max_restarts)
+    g.add_argument("--min_world_size", type=int, default=d.min_world_size)
+    g.add_argument("--nccl_timeout", type=float, default=d.nccl_timeout)
+    g = p.add_argument_group("fault injection")
+    g.add_argument("--fault_count", type=int, default=d.fault_count)
+    g.add_argument("--fault_seed", type=int, default=d.fault_seed)
+    g.add_argument("--fault_types", type=_csv, default=d.fault_types, metavar="a,b")
+    g.add_argument("--fault_type_weights", type=_floats, default=d.fault_type_weights, metavar="w1,w2")
+    g.add_argument("--fault_after_step", type=int, default=d.fault_after_step)
+    g.add_argument("--fault_probability", type=float, default=d.fault_probability,
+                   help="chance per step and rank of a random extra fault (not deterministic)")
+    return p
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Reject values that would fail later, naming the value and what is allowed."""
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ConfigError(msg)
+
+    for name in ("max_steps", "seq_len", "batch_size"):
+        v = getattr(cfg, name)
+        need(v >= 1, f"--{name} {v} must be at least 1")
+    for name in ("checkpoint_interval", "snapshot_interval", "fault_count", "fault_after_step",
+                 "warmup_steps", "inprocess_max_restarts"):
+        v = getattr(cfg, name)
+        need(v >= 0, f"--{name} {v} must be 0 or more")
+    need(cfg.lr > 0, f"--lr {cfg.lr} must be positive")
+    need(cfg.log_interval >= 1, f"--log_interval {cfg.log_interval} must be at least 1")
+    need(cfg.keep_checkpoints >= 1, f"--keep_checkpoints {cfg.keep_checkpoints} must be at least 1")
+    need(cfg.checkpoint_timeout > 0, f"--checkpoint_timeout {cfg.checkpoint_timeout} must be positive")
+    need(cfg.min_world_size >= 1, f"--min_world_size {cfg.min_world_size} must be at least 1")
+    need(0.0 <= cfg.fault_probability <= 1.0,
+         f"--fault_probability {cfg.fault_probability} must be between 0 and 1")
+    for t in cfg.fault_types:
+        need(t in FAULT_TYPES, f"--fault_types {t!r} is unknown; allowed: {', '.join(FAULT_TYPES)}")
+    need(len(cfg.fault_types) > 0 or cfg.fault_count == 0, "--fault_types is empty")
+    if cfg.fault_type_weights:
+        need(len(cfg.fault_type_weights) == len(cfg.fault_types),
+             f"--fault_type_weights has {len(cfg.fault_type_weights)} values for "
+             f"{len(cfg.fault_types)} fault types")
+        need(all(w >= 0 for w in cfg.fault_type_weights) and sum(cfg.fault_type_weights) > 0,
+             f"--fault_type_weights {cfg.fault_type_weights} must be non-negative with a positive sum")
+    need(cfg.fault_after_step + cfg.fault_count <= cfg.max_steps or cfg.fault_count == 0,
+         f"--fault_count {cfg.fault_count} faults do not fit between --fault_after_step "
+         f"{cfg.fault_after_step} and --max_steps {cfg.max_steps}")
+    for t in cfg.tiers:
+        need(t in TIERS, f"--tiers {t!r} is unknown; allowed: {', '.join(TIERS)}")
+    need(not cfg.tiers or cfg.snapshot_interval >= 1,
+         f"--tiers {','.join(cfg.tiers)} needs --snapshot_interval of at least 1")
+    need(cfg.memory_budget_gib >= 0, f"--memory_budget_gib {cfg.memory_budget_gib} must be 0 or more")
+    need(cfg.soft_timeout < cfg.hard_timeout < cfg.barrier_timeout,
+         f"timeouts must satisfy soft ({cfg.soft_timeout}) < hard ({cfg.hard_timeout}) "
+         f"< barrier ({cfg.barrier_timeout})")
+    need(cfg.soft_timeout > 1.0, f"--soft_timeout {cfg.soft_timeout} must exceed 1 second")
+    need(cfg.resume != "required" or cfg.checkpoint_dir is not None,
+         "--resume required needs --checkpoint_dir")
+    need(cfg.checkpoint_interval == 0 or cfg.checkpoint_dir is not None,
+         f"--checkpoint_interval {cfg.checkpoint_interval} needs --checkpoint_dir")
+    need(not cfg.tiers or cfg.checkpoint_dir is not None, "--tiers needs --checkpoint_dir")
+    need(cfg.fault_count == 0 or cfg.checkpoint_dir is not None,
+         "fault injection needs --checkpoint_dir (the fault record is kept there)")
+    from trainer.model import PRESETS, is_model_reference  # light import: no torch
+
+    need(is_model_reference(cfg.model),
+         f"--model {cfg.model!r} is neither a preset ({', '.join(PRESETS)}), "
+         "an existing directory, nor a hub id (org/name)")
+    return cfg
+
+
+def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "python -m trainer") -> TrainConfig:
+    """Parse and validate; on a bad value print one line and exit 2."""
+    parser = build_parser(prog)
+    ns = parser.parse_args(argv)
+    cfg = TrainConfig(**vars(ns))
+    try:
+        return validate(cfg)
+    except ConfigError as exc:
+        parser.error(str(exc))

@@ -1,0 +1,254 @@
+"""Tokenized data as one flat memory-mapped token file, and a sampler whose position is state.
+
+Layout of a data directory: `tokens.bin` (little-endian uint16 or uint32 ids, documents
+separated by the EOS id) and `meta.json`. Sample i is the window of seq_len + 1 tokens starting at
+i * seq_len. The sampler walks a seeded permutation per epoch with one global cursor (samples
+consumed by all ranks together), which is saved in every checkpoint: after a restart, at any
+world size, training continues with exactly the next unseen samples.
+
+Command: `python -m trainer.data prepare --source local|c4|FILE --num_samples N
+--tokenizer byte|MODEL_DIR|HUB_ID --output DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+import numpy as np
+
+BYTE_EOS = 256
+BYTE_VOCAB = 258  # 256 bytes + EOS + BOS
+C4_REPO = "allenai/c4"
+C4_FILE = "en/c4-train.{:05d}-of-01024.json.gz"
+
+
+@dataclass(frozen=True)
+class DataMeta:
+    num_tokens: int
+    dtype: str
+    vocab_size: int
+    eos_id: int
+    tokenizer: str
+    source: str
+    documents: int
+
+    @staticmethod
+    def read(path: Path) -> "DataMeta":
+        return DataMeta(**json.loads((path / "meta.json").read_text()))
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids: no files, no network; what the tiny local model uses."""
+
+    vocab_size = BYTE_VOCAB
+    eos_token_id = BYTE_EOS
+    name = "byte"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+class HFTokenizer:
+    """A model directory's tokenizer (or a hub id's, which downloads)."""
+
+    def __init__(self, ref: str):
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(ref, local_files_only=os.path.isdir(ref))
+        self.vocab_size = len(self._tok)
+        self.eos_token_id = self._tok.eos_token_id
+        self.name = ref
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok(text, add_special_tokens=False)["input_ids"]
+
+
+def get_tokenizer(ref: str):
+    return ByteTokenizer() if ref == "byte" else HFTokenizer(ref)
+
+
+def _c4_documents(limit: int) -> Iterator[str]:
+    """The first `limit` documents of C4 (en), shard by shard, through the Hugging Face hub."""
+    from huggingface_hub import hf_hub_download
+
+    seen, shard = 0, 0
+    while seen < limit:
+        path = hf_hub_download(C4_REPO, C4_FILE.format(shard), repo_type="dataset")
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                yield json.loads(line)["text"]
+                seen += 1
+                if seen >= limit:
+                    return
+        shard += 1
+
+
+def _file_documents(path: Path, limit: int) -> Iterator[str]:
+    """Documents of a .jsonl file (field "text") or a text file (blank-line separated)."""
+    if path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as f:
+            docs: Iterable[str] = (json.loads(line)["text"] for line in f if line.strip())
+            for i, d in enumerate(docs):
+                if i >= limit:
+                    return
+                yield d
+        return
+    paras = [p.strip() for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    yield from paras[:limit]
+
+
+def documents(source: str, limit: int) -> Iterator[str]:
+    if source == "local":
+        from trainer.corpus import documents as local_docs
+
+        return iter(local_docs(limit))
+    if source == "c4":
+        return _c4_documents(limit)
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"--source {source!r} is neither 'local', 'c4' nor an existing file")
+    return _file_documents(path, limit)
+
+
+def prepare(source: str, num_samples: int, tokenizer: str, output: Path,
+            replace: bool = True) -> DataMeta:
+    """Tokenize documents into `output`; the directory appears complete or not at all.
+
+    With replace=False an existing complete directory wins (ranks racing to make the same data).
+    """
+    tok = get_tokenizer(tokenizer)
+    dtype = np.uint16 if tok.vocab_size <= 65535 else np.uint32
+    output = Path(output)
+    tmp = output.with_name(output.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    total, docs = 0, 0
+    with open(tmp / "tokens.bin", "wb") as f:
+        for text in documents(source, num_samples):
+            ids = np.asarray(tok.encode(text) + [tok.eos_token_id], dtype=dtype)
+            f.write(ids.tobytes())
+            total += ids.size
+            docs += 1
+        f.flush()
+        os.fsync(f.fileno())
+    meta = DataMeta(total, np.dtype(dtype).name, tok.vocab_size, tok.eos_token_id, tok.name,
+                    source, docs)
+    (tmp / "meta.json").write_text(json.dumps(meta.__dict__, indent=1))
+    if output.exists() and replace:
+        shutil.rmtree(output)
+    try:
+        os.replace(tmp, output)
+    except OSError:
+        if replace or not (output / "meta.json").is_file():
+            raise
+        shutil.rmtree(tmp)  # another process made the same data first
+        return DataMeta.read(output)
+    return meta
+
+
+def default_data_path() -> Path:
+    """Where the bundled local corpus is prepared on first use."""
+    root = os.environ.get("NVRX_EKS_CACHE") or Path.home() / ".cache" / "nvrx-eks"
+    return Path(root) / "data" / "local-byte"
+
+
+def ensure_local_data() -> Path:
+    """Prepare the bundled corpus once per machine (atomic, so concurrent ranks are safe)."""
+    path = default_data_path()
+    if not (path / "meta.json").exists():
+        prepare("local", 20_000, "byte", path, replace=False)
+    return path
+
+
+class TokenDataset:
+    """Fixed windows over the memory-mapped token file."""
+
+    def __init__(self, path: str | Path, seq_len: int):
+        self.path = Path(path)
+        if not (self.path / "meta.json").is_file():
+            raise FileNotFoundError(
+                f"--data_path {str(path)!r} has no meta.json; build it with "
+                "`python -m trainer.data prepare`")
+        self.meta = DataMeta.read(self.path)
+        self.seq_len = seq_len
+        self.tokens = np.memmap(self.path / "tokens.bin", dtype=self.meta.dtype, mode="r",
+                                shape=(self.meta.num_tokens,))
+        self.num_samples = (self.meta.num_tokens - 1) // seq_len
+        if self.num_samples < 1:
+            raise ValueError(f"{path} holds {self.meta.num_tokens} tokens: fewer than one "
+                             f"sample of --seq_len {seq_len}")
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def sample(self, index: int) -> np.ndarray:
+        start = index * self.seq_len
+        return np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
+
+
+class GlobalSampler:
+    """Deterministic order over all ranks; `cursor` counts samples consumed globally."""
+
+    def __init__(self, num_samples: int, seed: int, cursor: int = 0):
+        self.num_samples = num_samples
+        self.seed = seed
+        self.cursor = cursor
+        self._epoch: Optional[int] = None
+        self._perm: Optional[np.ndarray] = None
+
+    def _index(self, position: int) -> int:
+        epoch, offset = divmod(position, self.num_samples)
+        if epoch != self._epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._epoch = epoch
+        return int(self._perm[offset])
+
+    def next_batch(self, rank: int, world_size: int, batch_size: int) -> list[int]:
+        """This rank's sample indices for the next step; advances the global cursor."""
+        base = self.cursor + rank * batch_size
+        indices = [self._index(base + j) for j in range(batch_size)]
+        self.cursor += world_size * batch_size
+        return indices
+
+    def state_dict(self) -> dict:
+        return {"cursor": self.cursor, "seed": self.seed, "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_samples"] != self.num_samples or state["seed"] != self.seed:
+            raise ValueError(
+                f"checkpoint data position is for {state['num_samples']} samples / seed "
+                f"{state['seed']}, but this run has {self.num_samples} / {self.seed}: the "
+                "dataset, --seq_len or --seed changed")
+        self.cursor = int(state["cursor"])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.data")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    prep = sub.add_parser("prepare", help="tokenize a text dataset into a token file")
+    prep.add_argument("--source", default="local", help="local, c4, or a .txt/.jsonl file")
+    prep.add_argument("--num_samples", type=int, default=100_000, help="documents to take")
+    prep.add_argument("--tokenizer", default="byte", help="byte, a model directory, or a hub id")
+    prep.add_argument("--output", required=True)
+    args = p.parse_args(argv)
+    if args.num_samples < 1:
+        p.error(f"--num_samples {args.num_samples} must be at least 1")
+    try:
+        meta = prepare(args.source, args.num_samples, args.tokenizer, Path(args.output))
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.output}: {meta.documents} documents, {meta.num_tokens} tokens, "
+          f"vocab {meta.vocab_size} ({meta.tokenizer})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

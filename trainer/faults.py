@@ -1,0 +1,129 @@
+"""Deterministic fault injection, reproducing the published example's schedule exactly.
+
+The schedule for a seed is a pure function (same steps, ranks and types everywhere). Each fault
+fires once: before firing, the rank creates a marker file on the checkpoint storage, so a
+rollback that replays the step - after an in-process restart, a launcher restart or a whole-job
+restart - finds the marker and trains on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from trainer.events import EventLog
+
+
+class InjectedFault(RuntimeError):
+    """The exception an `exception` fault raises."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    step: int
+    rank: int
+    type: str
+
+
+def schedule(seed: int, count: int, after_step: int, max_steps: int, world_size: int,
+             types: Sequence[str], weights: Optional[Sequence[float]] = None) -> list[Fault]:
+    """The published algorithm: sorted sampled steps, then per step a rank (never 0) and a type."""
+    if count == 0:
+        return []
+    rng = random.Random(seed)
+    steps = sorted(rng.sample(range(after_step + 1, max_steps + 1), count))
+    out = []
+    for step in steps:
+        rank = rng.randint(1, world_size - 1) if world_size > 1 else 0
+        kind = rng.choices(list(types), weights=list(weights) if weights else None)[0]
+        out.append(Fault(step, rank, kind))
+    return out
+
+
+def _hang() -> None:
+    """A Python-level hang: the rank stops making progress but stays alive."""
+    while True:
+        time.sleep(0.5)
+
+
+def _segfault() -> None:
+    ctypes.string_at(0)  # a real SIGSEGV from reading address 0
+
+
+def _oom(device_type: str) -> None:
+    """A real allocation failure: the device (or, on CPU, an address-space limit) runs out."""
+    import torch
+
+    if device_type == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        torch.empty(free + (1 << 30), dtype=torch.uint8, device="cuda")  # OutOfMemoryError
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    vm = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), hard))
+    try:
+        bytearray(1 << 30)  # MemoryError
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+class FaultInjector:
+    """Fires this rank's scheduled faults (and optional random ones) at the start of a step."""
+
+    def __init__(self, faults: Sequence[Fault], rank: int, record_dir: Optional[Path],
+                 events: EventLog, device_type: str, probability: float = 0.0,
+                 types: Sequence[str] = (), weights: Optional[Sequence[float]] = None):
+        self.mine = {f.step: f for f in faults if f.rank == rank}
+        self.rank = rank
+        self.record_dir = Path(record_dir) / "faults" if record_dir else None
+        self.events = events
+        self.device_type = device_type
+        self.probability = probability
+        self.types = list(types)
+        self.weights = list(weights) if weights else None
+        self._rng = random.Random()
+
+    def _claim(self, fault: Fault) -> bool:
+        """True exactly once per fault across every restart: the marker is created atomically."""
+        if self.record_dir is None:
+            return True
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        path = self.record_dir / f"step{fault.step:08d}_rank{fault.rank:05d}"
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        os.write(fd, fault.type.encode())
+        os.fsync(fd)
+        os.close(fd)
+        return True
+
+    def at_step(self, step: int) -> None:
+        fault = self.mine.get(step)
+        if fault is None and self.probability and self.rank != 0 and self._rng.random() < self.probability:
+            fault = Fault(step, self.rank, self._rng.choices(self.types, weights=self.weights)[0])
+        if fault is None or not self._claim(fault):
+            return
+        self.events.emit("fault", sync=True, step=step, type=fault.type)
+        fire(fault.type, self.device_type, step)
+
+
+def fire(kind: str, device_type: str, step: int) -> None:
+    if kind == "exception":
+        raise InjectedFault(f"injected exception at step {step}")
+    if kind == "hang":
+        _hang()
+    elif kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "segfault":
+        _segfault()
+    elif kind == "oom":
+        _oom(device_type)
+    raise ValueError(f"unknown fault type {kind!r}")

@@ -1,0 +1,94 @@
+"""Every difference between NVRx 0.4.1 (CPU machines, the published benchmark) and 0.7.x (the GPU
+image) lives here, so the rest of the trainer is written against one API.
+
+Differences absorbed:
+- `TorchAsyncCheckpoint.async_save` always calls `torch.cuda.synchronize()` and stages with
+  `preload_tensors`; our shards are already staged in shared host buffers, so requests go to
+  NVRx's queue and persistent worker directly, which also works on CPU-only builds.
+- `TorchAsyncCheckpoint.close()` exists only from 0.5; 0.4.1 closes through `finalize_async_save`.
+- A dead persistent worker makes NVRx's blocking finalize wait forever: the worker process is
+  watched here (`writer_alive`).
+- ft_launcher: heartbeat timeouts default to None (no hang detection) from 0.6, so they are
+  always passed; `--ft-restart-policy` is a deprecated no-op from 0.6 and only passed before.
+- inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU
+  health checks whenever LOCAL_RANK is set, which fail on CPU ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import version
+from typing import Any, Callable, Optional
+
+NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
+
+log = logging.getLogger(__name__)
+
+
+def _async_checkpoint_class():
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.torch_ckpt import TorchAsyncCheckpoint
+
+    return TorchAsyncCheckpoint, AsyncRequest
+
+
+class AsyncWriter:
+    """NVRx's TorchAsyncCheckpoint (persistent worker process) running our shard writer."""
+
+    def __init__(self) -> None:
+        cls, self._request_cls = _async_checkpoint_class()
+        self._ckpt = cls(persistent_queue=True)
+
+    def submit(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        """Queue `fn(arg)` for the background worker; returns at once."""
+        request = self._request_cls(fn, (arg,), [], {})
+        self._ckpt._async_calls_queue.schedule_async_request(request)
+
+    def pending(self) -> int:
+        return self._ckpt._async_calls_queue.get_num_unfinalized_calls()
+
+    def poll(self) -> bool:
+        """Finalize what the worker has finished, without waiting; True when nothing is pending."""
+        if self.pending():
+            self._ckpt.finalize_async_save(blocking=False, no_dist=True)
+        return self.pending() == 0
+
+    def worker_exitcode(self) -> Optional[int]:
+        """None while the worker lives (or was never started); its exit code once it died."""
+        caller = self._ckpt._async_calls_queue.persistent_caller
+        proc = getattr(caller, "process", None)
+        if proc is None or proc.is_alive():
+            return None
+        return proc.exitcode
+
+    def close(self, abort: bool = False) -> None:
+        """Stop the worker: after its queue drains, or at once (abort) if it is dead or stuck."""
+        queue = self._ckpt._async_calls_queue
+        caller = queue.persistent_caller
+        proc = getattr(caller, "process", None)
+        if proc is None:
+            return
+        if abort or not proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+            caller.process = None
+            queue.async_calls.clear()
+            return
+        if NVRX_VERSION >= (0, 5):
+            self._ckpt.close()
+        else:
+            self._ckpt.finalize_async_save(blocking=True, no_dist=True, terminate=True)
+
+
+def ft_launcher_flags(max_restarts: int, heartbeat_timeout: float, initial_heartbeat_timeout: float,
+                      monitor_interval: float) -> list[str]:
+    """ft_launcher's own flags, spelled for the installed NVRx."""
+    flags = [
+        f"--max-restarts={max_restarts}",
+        f"--monitor-interval={monitor_interval:g}",
+        f"--ft-initial-rank-heartbeat-timeout={initial_heartbeat_timeout:g}",
+        f"--ft-rank-heartbeat-timeout={heartbeat_timeout:g}",
+    ]
+    if NVRX_VERSION < (0, 6):
+        flags.append("--ft-restart-policy=any-failed")
+    return flags

@@ -1,0 +1,140 @@
+"""Host staging buffers: where a rank's shard is copied before anything is written.
+
+One flat buffer per rank, file-backed (`/dev/shm` by default) and mapped shared, so that
+- the device-to-host copy runs at pinned-memory speed (the mapping is registered with CUDA),
+- the background writer process maps the same pages instead of receiving pickled tensors,
+- the copy outlives the training process: it doubles as the node-local snapshot tier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+
+ALIGN = 64  # bytes; keeps every view aligned for its dtype and for vectorized copies
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_of(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each tensor of a shard lives inside the flat buffer."""
+
+    slots: tuple[Slot, ...]
+    total_bytes: int
+
+    @staticmethod
+    def of(tensors: Mapping[str, torch.Tensor]) -> "Layout":
+        slots, offset = [], 0
+        for name, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            slots.append(Slot(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes))
+            offset += -(-nbytes // ALIGN) * ALIGN
+        return Layout(tuple(slots), max(offset, ALIGN))
+
+    def to_json(self) -> dict:
+        return {"total_bytes": self.total_bytes, "slots": [asdict(s) for s in self.slots]}
+
+    @staticmethod
+    def from_json(d: Mapping) -> "Layout":
+        slots = tuple(Slot(s["name"], s["dtype"], tuple(s["shape"]), s["offset"], s["nbytes"])
+                      for s in d["slots"])
+        return Layout(slots, int(d["total_bytes"]))
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Typed views into a flat uint8 tensor holding this layout."""
+        out = {}
+        for s in self.slots:
+            raw = flat[s.offset:s.offset + s.nbytes]
+            out[s.name] = raw.view(dtype_of(s.dtype)).view(s.shape)
+        return out
+
+
+def map_file(path: Path, nbytes: int, writable: bool) -> torch.Tensor:
+    """A flat uint8 tensor over `path` (MAP_SHARED when writable, so other processes see it)."""
+    return torch.from_file(str(path), shared=writable, size=nbytes, dtype=torch.uint8)
+
+
+class HostBuffer:
+    """A shared, optionally CUDA-pinned, file-backed buffer holding one shard layout."""
+
+    def __init__(self, path: Path, layout: Layout, pin: bool):
+        self.path = Path(path)
+        self.layout = layout
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.flat = map_file(self.path, layout.total_bytes, writable=True)
+        self.views = layout.views(self.flat)
+        self._pinned = False
+        if pin:
+            self._pin()
+
+    def _pin(self) -> None:
+        rc = torch.cuda.cudart().cudaHostRegister(self.flat.data_ptr(), self.layout.total_bytes, 0)
+        if int(rc) != 0:
+            raise RuntimeError(f"cudaHostRegister of {self.layout.total_bytes} bytes at "
+                               f"{self.path} failed with CUDA error {int(rc)}")
+        self._pinned = True
+
+    def stage(self, tensors: Mapping[str, torch.Tensor], stream: "torch.cuda.Stream | None" = None) -> None:
+        """Copy `tensors` into the buffer; returns once the copy is complete."""
+        if stream is None:
+            for name, dst in self.views.items():
+                dst.copy_(tensors[name])
+            return
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for name, dst in self.views.items():
+                dst.copy_(tensors[name], non_blocking=True)
+        stream.synchronize()
+
+    def close(self, unlink: bool = False) -> None:
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.flat.data_ptr())
+            self._pinned = False
+        self.views = {}
+        self.flat = None  # type: ignore[assignment]
+        if unlink:
+            self.path.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """Write JSON so that readers see the old file or the complete new one, never a torn one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def total_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,106 @@
+"""A rank's training state as flat local tensors, and its restoration at any world size.
+
+FSDP2 shards every parameter (and with it the Adam moments) along dim 0. A shard records, per
+parameter, the global shape and the row range it holds, so a checkpoint written by N ranks can
+be read by M ranks: each new rank copies the rows it owns from every saved shard that overlaps
+them. With M == N that is exactly its own file.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from trainer.staging import dtype_name
+
+OPTIM_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _row_range(p: torch.Tensor) -> tuple[int, int]:
+    """(first global row, row count) of this rank's shard of `p` along dim 0."""
+    if p.dim() == 0:
+        return 0, 0
+    if not isinstance(p, DTensor):
+        return 0, p.shape[0]
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return int(offset[0]), int(shape[0])
+
+
+def ensure_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Create Adam's state tensors before the first step, so they can be saved or loaded into."""
+    for p in model.parameters():
+        st = optimizer.state[p]
+        if not st:
+            st["step"] = torch.zeros((), dtype=torch.float32)
+            for k in OPTIM_KEYS:
+                st[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def local_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Every tensor this rank must persist, by stable name; views of the live state, no copies."""
+    ensure_optimizer_state(model, optimizer)
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        out[f"model/{name}"] = _local(p.detach())
+        st = optimizer.state[p]
+        out[f"optim/{name}/step"] = st["step"]
+        for k in OPTIM_KEYS:
+            out[f"optim/{name}/{k}"] = _local(st[k])
+    return out
+
+
+def shard_layout(model: torch.nn.Module) -> dict[str, dict]:
+    """Per parameter: global shape, dtype and the rows this rank holds."""
+    out = {}
+    for name, p in model.named_parameters():
+        start, rows = _row_range(p)
+        out[name] = {"shape": list(p.shape), "dtype": dtype_name(p.dtype), "row_start": start,
+                     "rows": rows}
+    return out
+
+
+def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            shards: Iterable[tuple[Mapping[str, torch.Tensor], Mapping[str, dict]]]) -> None:
+    """Fill this rank's state from saved shards (tensors, layout) of any world size."""
+    ensure_optimizer_state(model, optimizer)
+    shards = list(shards)
+    mine = {name: (p, _row_range(p)) for name, p in model.named_parameters()}
+    with torch.no_grad():
+        for name, (p, (start, rows)) in mine.items():
+            st = optimizer.state[p]
+            targets = {"model": _local(p), **{k: _local(st[k]) for k in OPTIM_KEYS}}
+            filled = 0
+            for tensors, layout in shards:
+                saved = layout[name]
+                if list(p.shape) != saved["shape"]:
+                    raise ValueError(f"checkpoint parameter {name} has shape {saved['shape']}, "
+                                     f"the model has {list(p.shape)}: a different model")
+                if p.dim() == 0:
+                    lo, hi, s0 = 0, 1, 0
+                else:
+                    s0, s1 = saved["row_start"], saved["row_start"] + saved["rows"]
+                    lo, hi = max(start, s0), min(start + rows, s1)
+                    if lo >= hi:
+                        continue
+                for key, dst in targets.items():
+                    src_name = f"model/{name}" if key == "model" else f"optim/{name}/{key}"
+                    src = tensors[src_name]
+                    if p.dim() == 0:
+                        dst.copy_(src)
+                    else:
+                        dst[lo - start:hi - start].copy_(src[lo - s0:hi - s0])
+                st["step"].copy_(tensors[f"optim/{name}/step"])
+                filled += (hi - lo)
+                if p.dim() == 0:
+                    break
+            if p.dim() > 0 and filled != rows:
+                raise ValueError(f"checkpoint covers {filled} of the {rows} rows of {name} "
+                                 "this rank needs: shards are missing")

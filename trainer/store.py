@@ -1,0 +1,270 @@
+"""The durable checkpoint directory: per-rank shards, an atomic verified commit, discovery.
+
+Layout of `--checkpoint_dir`:
+
+    step_00000500/rank_00000.pt      one torch.save file per rank (its shard, nothing gathered)
+    step_00000500/rank_00000.json    written after the shard is complete: bytes and sha256
+    step_00000500/MANIFEST.json      written last, by rank 0, once every rank's marker checks out
+    latest                           {"step": 500}; moved atomically after the manifest
+
+A checkpoint exists only once its MANIFEST.json does, so a crash at any instant leaves the
+previous one as the resume point. Loading verifies each shard's size and sha256 against the
+manifest; a corrupt newer checkpoint is skipped with a warning that names it, never silently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from trainer.staging import Layout, fsync_dir, map_file, write_json_atomic
+
+STEP_DIR = re.compile(r"step_(\d{8})")
+MANIFEST = "MANIFEST.json"
+LATEST = "latest"
+_HASH_CHUNK = 64 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint problem that must stop training instead of silently losing work."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def shard_name(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"
+
+
+def marker_name(rank: int) -> str:
+    return f"rank_{rank:05d}.json"
+
+
+class _HashingWriter:
+    """A file wrapper for torch.save that hashes every byte on its way to disk."""
+
+    def __init__(self, f):
+        self._f = f
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data) -> int:
+        mv = memoryview(data)
+        self.sha.update(mv)
+        self.bytes += mv.nbytes
+        return self._f.write(mv)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def file_sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_HASH_CHUNK):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+@dataclass(frozen=True)
+class ShardWrite:
+    """Everything a writer needs, small enough to pickle: the data stays in the host buffer."""
+
+    buffer_path: str
+    layout: dict
+    meta: dict
+    out_dir: str
+    rank: int
+    step: int
+    world_size: int
+
+
+_PARENT_WATCHED = False
+
+
+def _die_with_parent() -> None:
+    """A writer must not outlive its trainer and commit a shard nobody asked for any more."""
+    global _PARENT_WATCHED
+    if _PARENT_WATCHED or not os.path.exists("/proc/self"):
+        return
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _PARENT_WATCHED = True
+
+
+def write_shard(req: ShardWrite) -> dict:
+    """Write one rank's shard from its host buffer, fsync it, then publish its marker.
+
+    Runs in NVRx's persistent checkpoint worker (async) or inline (sync).
+    """
+    _die_with_parent()
+    t0 = time.time()
+    out = Path(req.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    layout = Layout.from_json(req.layout)
+    flat = map_file(Path(req.buffer_path), layout.total_bytes, writable=False)
+    payload = {"tensors": layout.views(flat), "meta": req.meta, "layout": req.layout}
+    final = out / shard_name(req.rank)
+    tmp = out / f".{final.name}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        hw = _HashingWriter(f)
+        torch.save(payload, hw)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(out)
+    marker = {"step": req.step, "rank": req.rank, "world_size": req.world_size,
+              "file": final.name, "bytes": hw.bytes, "sha256": hw.sha.hexdigest(),
+              "write_seconds": time.time() - t0, "done_at": time.time()}
+    write_json_atomic(out / marker_name(req.rank), marker)
+    return marker
+
+
+@dataclass
+class LoadedShard:
+    tensors: dict[str, torch.Tensor]
+    meta: dict
+    layout: dict
+    bytes: int
+
+
+class CheckpointStore:
+    """The directory protocol: commit, discovery, verification, retention. No torch.distributed."""
+
+    def __init__(self, root: str | Path, keep: int = 2, warn: Callable[[str], None] = print):
+        self.root = Path(root)
+        self.keep = keep
+        self.warn = warn
+
+    # -- discovery ---------------------------------------------------------------------------
+    def step_dirs(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = STEP_DIR.fullmatch(p.name)
+            if m and p.is_dir():
+                out.append((int(m[1]), p))
+        return sorted(out)
+
+    def committed(self) -> list[tuple[int, Path]]:
+        return [(s, p) for s, p in self.step_dirs() if (p / MANIFEST).is_file()]
+
+    def read_manifest(self, path: Path) -> dict:
+        """A manifest whose shards are all present at their recorded sizes, or CheckpointError."""
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path}: unreadable manifest ({exc})") from None
+        for shard in manifest.get("shards", []):
+            f = path / shard["file"]
+            size = f.stat().st_size if f.is_file() else -1
+            if size != shard["bytes"]:
+                raise CheckpointError(f"{f}: {size} bytes on disk, manifest says {shard['bytes']}")
+        if len(manifest.get("shards", [])) != manifest.get("world_size"):
+            raise CheckpointError(f"{path}: manifest lists {len(manifest.get('shards', []))} "
+                                  f"shards for world size {manifest.get('world_size')}")
+        return manifest
+
+    def candidates(self) -> list[tuple[int, Path, dict]]:
+        """Committed checkpoints that pass the cheap checks, newest first; warns about the rest."""
+        out = []
+        for step, path in reversed(self.committed()):
+            try:
+                out.append((step, path, self.read_manifest(path)))
+            except CheckpointError as exc:
+                self.warn(f"skipping checkpoint {path}: {exc}")
+        return out
+
+    def latest_step(self) -> Optional[int]:
+        c = self.committed()
+        return c[-1][0] if c else None
+
+    # -- commit ------------------------------------------------------------------------------
+    def ready_markers(self, step: int, world_size: int) -> Optional[list[dict]]:
+        """Every rank's marker for `step`, each matching its shard file, or None if not yet."""
+        path = self.root / step_dir_name(step)
+        markers = []
+        for r in range(world_size):
+            m = path / marker_name(r)
+            if not m.is_file():
+                return None
+            marker = json.loads(m.read_text())
+            shard = path / marker["file"]
+            if marker["step"] != step or not shard.is_file() or shard.stat().st_size != marker["bytes"]:
+                raise CheckpointError(f"{m}: marker does not match {shard}")
+            markers.append(marker)
+        return markers
+
+    def commit(self, step: int, markers: list[dict], extra: dict) -> Path:
+        """Publish a checkpoint: manifest last, then the `latest` pointer, then retention."""
+        path = self.root / step_dir_name(step)
+        manifest = {"step": step, "world_size": len(markers), "committed_at": time.time(),
+                    "shards": [{k: m[k] for k in ("rank", "file", "bytes", "sha256")}
+                               for m in markers], **extra}
+        write_json_atomic(path / MANIFEST, manifest)
+        write_json_atomic(self.root / LATEST, {"step": step, "dir": path.name})
+        self.prune()
+        return path
+
+    def prune(self) -> None:
+        """Keep the newest `keep` committed checkpoints; drop abandoned partial ones below them."""
+        committed = self.committed()
+        keep_from = committed[-self.keep][0] if len(committed) >= self.keep else -1
+        newest = committed[-1][0] if committed else -1
+        for step, path in self.step_dirs():
+            done = (path / MANIFEST).is_file()
+            if (done and step < keep_from) or (not done and step < newest):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def discard_uncommitted_after(self, step: int) -> None:
+        """Remove partial checkpoints newer than the resume point: they belong to a dead timeline."""
+        for s, path in self.step_dirs():
+            if s > step and not (path / MANIFEST).is_file():
+                shutil.rmtree(path, ignore_errors=True)
+
+    # -- load --------------------------------------------------------------------------------
+    def load_shard(self, path: Path, manifest: dict, rank: int, verify: bool = True) -> LoadedShard:
+        entry = manifest["shards"][rank]
+        f = path / entry["file"]
+        if verify:
+            digest = file_sha256(f)
+            if digest != entry["sha256"]:
+                raise CheckpointError(f"{f}: sha256 {digest[:12]}... does not match the manifest "
+                                      f"({entry['sha256'][:12]}...)")
+        try:
+            obj = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
+        except Exception as exc:  # a corrupt zip raises many different types
+            raise CheckpointError(f"{f}: cannot be loaded ({type(exc).__name__}: {exc})") from None
+        return LoadedShard(obj["tensors"], obj["meta"], obj["layout"], entry["bytes"])
+
+
+@dataclass
+class SaveStats:
+    """What results.json reports about checkpointing."""
+
+    count: int = 0
+    blocking_seconds: list[float] = field(default_factory=list)
+    write_seconds: list[float] = field(default_factory=list)
+    bytes_per_rank: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        n = len(self.blocking_seconds)
+        total = sum(self.blocking_seconds)
+        return {"count": self.count, "blocking_seconds_total": total,
+                "blocking_seconds_mean": total / n if n else 0.0,
+                "write_seconds_mean": (sum(self.write_seconds) / len(self.write_seconds)
+                                       if self.write_seconds else 0.0),
+                "bytes_per_rank": self.bytes_per_rank}

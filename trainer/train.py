@@ -1,0 +1,186 @@
+"""The training loop: build, restore, train, checkpoint, report. One call is one attempt.
+
+Recovery layers wrap this function (in-process restart re-enters it; ft_launcher and the Job
+restart the process), so it keeps no state between calls except what it is handed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer.checkpoint import CheckpointManager
+from trainer.config import TrainConfig
+from trainer.data import GlobalSampler, TokenDataset, ensure_local_data
+from trainer.events import EventLog
+from trainer.faults import FaultInjector, schedule
+from trainer.parallel import DistEnv, build_sharded_model, full_param_sha256, init_process_group
+from trainer.state import ensure_optimizer_state
+
+
+@dataclass
+class Hooks:
+    """What a recovery layer plugs into the loop."""
+
+    store: Optional[dist.Store] = None          # in-process: the wrapper's per-attempt store
+    iteration: int = 0                           # in-process attempt number
+    on_step: list[Callable[[int], None]] = field(default_factory=list)  # e.g. heartbeats
+    on_ready: list[Callable[[], None]] = field(default_factory=list)
+    keep: dict = field(default_factory=dict)     # objects that outlive an attempt
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 10% at max_steps; a function of the step alone."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Rank0Log:
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def __call__(self, msg: str) -> None:
+        if self.rank == 0:
+            print(msg, flush=True)
+
+
+def train_step(model, optimizer, tokens: torch.Tensor, lr: float, grad_clip: float) -> torch.Tensor:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    logits = model(input_ids=inputs).logits
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks] = None) -> dict:
+    """One attempt at training to max_steps; returns this rank's summary."""
+    hooks = hooks or Hooks()
+    log = Rank0Log(env.rank)
+    init_process_group(env, cfg.nccl_timeout, hooks.store)
+    events.emit("pg_ready", iteration=hooks.iteration)
+
+    data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)
+    from trainer.model import llama_config, parameter_count
+
+    vocab = llama_config(cfg.model).vocab_size
+    if data.meta.vocab_size > vocab:
+        raise ValueError(f"data in {data.path} uses {data.meta.vocab_size} token ids but model "
+                         f"{cfg.model} has a vocabulary of {vocab}")
+    n_params = parameter_count(cfg.model)
+    model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+                                  weight_decay=0.1)
+    ensure_optimizer_state(model, optimizer)
+    sampler = GlobalSampler(len(data), cfg.seed)
+    events.emit("model_ready", params=n_params, iteration=hooks.iteration)
+
+    ckpt = None
+    step = 0
+    if cfg.checkpoint_dir:
+        ckpt = CheckpointManager(cfg.checkpoint_dir, rank=env.rank, world_size=env.world_size,
+                                 device=env.device, use_async=cfg.use_async_checkpoint,
+                                 keep=cfg.keep_checkpoints, timeout_s=cfg.checkpoint_timeout,
+                                 events=events, node_dir=cfg.node_dir, log=print)
+        hooks.keep["ckpt"] = ckpt
+        if cfg.resume == "never":
+            if ckpt.store.latest_step() is not None:
+                raise ValueError(f"--resume never, but {cfg.checkpoint_dir} already holds "
+                                 "checkpoints; use a new --checkpoint_dir")
+        else:
+            meta = ckpt.restore(model, optimizer, required=cfg.resume == "required")
+            if meta is not None:
+                step = int(meta["step"])
+                sampler.load_state_dict(meta["sampler"])
+                set_rng_state(meta["rng"], env.device)
+                log(f"resumed from step {step} ({cfg.checkpoint_dir})")
+            else:
+                log(f"no checkpoint in {cfg.checkpoint_dir}: starting from step 0")
+
+    faults = FaultInjector(
+        schedule(cfg.fault_seed, cfg.fault_count, cfg.fault_after_step, cfg.max_steps,
+                 env.world_size, cfg.fault_types, cfg.fault_type_weights or None),
+        env.rank, Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None, events,
+        env.device.type, cfg.fault_probability, cfg.fault_types, cfg.fault_type_weights or None)
+    for fn in hooks.on_ready:
+        fn()
+    events.emit("train_start", step=step, iteration=hooks.iteration)
+    tokens_per_step = env.world_size * cfg.batch_size * cfg.seq_len
+    window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
+    loss = torch.zeros((), device=env.device)
+
+    while step < cfg.max_steps:
+        faults.at_step(step + 1)
+        t0 = time.perf_counter()
+        indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
+        batch = torch.from_numpy(np.stack([data.sample(i) for i in indices])).to(env.device)
+        loss = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip)
+        step += 1
+        loss_value = float(loss.item())  # also waits for the device: honest step times
+        dt = time.perf_counter() - t0
+        for fn in hooks.on_step:
+            fn(step)
+        if env.rank == 0:
+            events.emit("step", step=step, dt=dt, loss=loss_value)
+        if cfg.trace_samples:
+            events.emit("samples", step=step, indices=indices)
+        stall = 0.0
+        if ckpt:
+            ckpt.poll()
+            if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < cfg.max_steps:
+                stall = ckpt.save(step, model, optimizer, _meta(sampler, env))
+        window_steps += 1
+        window_stall += stall
+        if step % cfg.log_interval == 0 or step == cfg.max_steps:
+            mean = loss.clone()
+            dist.all_reduce(mean)
+            elapsed = time.perf_counter() - window_t
+            log(f"step {step:>6}/{cfg.max_steps} | loss {float(mean) / env.world_size:.4f} | "
+                f"{tokens_per_step * window_steps / elapsed:>10,.0f} tok/s | "
+                f"ckpt stall {window_stall:.3f} s")
+            window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
+
+    if ckpt:
+        if ckpt.last_saved_step != step:
+            ckpt.save(step, model, optimizer, _meta(sampler, env))
+        ckpt.finish()
+    final_loss = loss.clone()
+    dist.all_reduce(final_loss)
+    sha = full_param_sha256(model)
+    summary = {"steps_completed": step, "final_loss": float(final_loss) / env.world_size,
+               "param_sha256": sha,
+               "checkpoint": ckpt.stats.to_json() if ckpt else None}
+    events.emit("train_end", **summary)
+    return summary
+
+
+def _meta(sampler: GlobalSampler, env: DistEnv) -> dict:
+    return {"sampler": sampler.state_dict(), "rng": rng_state(env.device), "saved_at": time.time()}
