@@ -121,7 +121,7 @@ def _check_timeouts(profile: Profile, mode: str) -> None:
         )
 
 
-def _check_outputs_match(profile: Profile, out: StackOutputs) -> None:
+def check_outputs_match(profile: Profile, out: StackOutputs) -> None:
     """Outputs of another deployment would point the manifests at the wrong cluster or namespace."""
     for key, expected in ((outputs.NAMESPACE, profile.namespace), (outputs.REGION, profile.region)):
         actual = out.get(key)
@@ -150,7 +150,7 @@ def resolve(
     """Combine profile, outputs and CLI choices; raise SynthError naming the first bad value."""
     chosen_mode = _check_mode(mode or profile.recovery.mode)
     _check_timeouts(profile, chosen_mode)
-    _check_outputs_match(profile, out)
+    check_outputs_match(profile, out)
     rid = naming.validate_run_id(
         run_id or naming.default_run_id(chosen_mode, now), profile.node_count
     )

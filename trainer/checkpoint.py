@@ -156,6 +156,18 @@ class CheckpointManager:
             if self._in_flight is not None:
                 time.sleep(0.01)
 
+    def settle(self) -> None:
+        """After an in-process restart: let this rank's last write land, then commit what every
+        rank finished. A writer that died takes its checkpoint with it; training goes on."""
+        try:
+            self.wait_for_writer()
+        except CheckpointError as exc:
+            self.log(f"rank {self.rank}: {exc}")
+        dist.barrier()
+        if self.rank == 0:
+            self._commit_ready()
+            self._uncommitted.clear()  # incomplete ones are discarded after the restore
+
     def finish(self) -> None:
         """Drain writes and, on rank 0, commit everything still pending (bounded by the timeout)."""
         self.wait_for_writer()

@@ -55,18 +55,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     events.emit("launch", mode=cfg.mode, world_size=env.world_size,
                 launcher_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
     try:
+        from trainer.train import Hooks, run
+
+        hooks = Hooks()
+        if cfg.ft_launcher:
+            from trainer.heartbeat import attach_heartbeat
+
+            attach_heartbeat(hooks, events)
         if cfg.inprocess:
             from trainer.inprocess import run_inprocess
 
-            summary = run_inprocess(cfg, env, events)
+            summary = run_inprocess(cfg, env, events, hooks)
         else:
-            from trainer.train import Hooks, run
-
-            hooks = Hooks()
-            if cfg.ft_launcher:
-                from trainer.heartbeat import attach_heartbeat
-
-                attach_heartbeat(hooks, events)
             summary = run(cfg, env, events, hooks)
     except Exception as exc:  # one clear line per rank; the traceback goes to stderr below it
         events.emit("error", type=type(exc).__name__, message=str(exc)[:500], sync=True)

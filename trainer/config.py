@@ -60,8 +60,8 @@ class TrainConfig:
     barrier_timeout: float = 120.0
     completion_timeout: float = 120.0
     inprocess_max_restarts: int = 20
-    min_world_size: int = 1
-    nccl_timeout: float = 120.0
+    min_world_size: int = 0  # 0: the world may not shrink
+    nccl_timeout: float = 60.0
     # fault injection
     fault_count: int = 0
     fault_seed: int = 42
@@ -162,8 +162,10 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
     g.add_argument("--barrier_timeout", type=float, default=d.barrier_timeout)
     g.add_argument("--completion_timeout", type=float, default=d.completion_timeout)
     g.add_argument("--inprocess_max_restarts", type=int, default=d.inprocess_max_restarts)
-    g.add_argument("--min_world_size", type=int, default=d.min_world_size)
-    g.add_argument("--nccl_timeout", type=float, default=d.nccl_timeout)
+    g.add_argument("--min_world_size", type=int, default=d.min_world_size,
+                   help="in-process restarts may continue with this many ranks (0: all of them)")
+    g.add_argument("--nccl_timeout", type=float, default=d.nccl_timeout,
+                   help="collective timeout in seconds (NCCL, or gloo on CPU ranks)")
     g = p.add_argument_group("fault injection")
     g.add_argument("--fault_count", type=int, default=d.fault_count)
     g.add_argument("--fault_seed", type=int, default=d.fault_seed)
@@ -193,7 +195,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.log_interval >= 1, f"--log_interval {cfg.log_interval} must be at least 1")
     need(cfg.keep_checkpoints >= 1, f"--keep_checkpoints {cfg.keep_checkpoints} must be at least 1")
     need(cfg.checkpoint_timeout > 0, f"--checkpoint_timeout {cfg.checkpoint_timeout} must be positive")
-    need(cfg.min_world_size >= 1, f"--min_world_size {cfg.min_world_size} must be at least 1")
+    need(cfg.min_world_size >= 0, f"--min_world_size {cfg.min_world_size} must be 0 or more")
     need(0.0 <= cfg.fault_probability <= 1.0,
          f"--fault_probability {cfg.fault_probability} must be between 0 and 1")
     for t in cfg.fault_types:
@@ -216,6 +218,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.soft_timeout < cfg.hard_timeout < cfg.barrier_timeout,
          f"timeouts must satisfy soft ({cfg.soft_timeout}) < hard ({cfg.hard_timeout}) "
          f"< barrier ({cfg.barrier_timeout})")
+    need(not cfg.inprocess or cfg.nccl_timeout < cfg.hard_timeout,
+         f"--nccl_timeout {cfg.nccl_timeout} must be below --hard_timeout {cfg.hard_timeout} in "
+         f"mode {cfg.mode}: a rank blocked in a collective must come back before it is killed")
     need(cfg.soft_timeout > 1.0, f"--soft_timeout {cfg.soft_timeout} must exceed 1 second")
     need(cfg.resume != "required" or cfg.checkpoint_dir is not None,
          "--resume required needs --checkpoint_dir")

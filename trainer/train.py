@@ -34,6 +34,8 @@ class Hooks:
     iteration: int = 0                           # in-process attempt number
     on_step: list[Callable[[int], None]] = field(default_factory=list)  # e.g. heartbeats
     on_ready: list[Callable[[], None]] = field(default_factory=list)
+    meta: dict[str, Callable[[], dict]] = field(default_factory=dict)  # saved with checkpoints
+    on_restore: dict[str, Callable[[dict], None]] = field(default_factory=dict)
     keep: dict = field(default_factory=dict)     # objects that outlive an attempt
 
 
@@ -103,14 +105,18 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     sampler = GlobalSampler(len(data), cfg.seed)
     events.emit("model_ready", params=n_params, iteration=hooks.iteration)
 
-    ckpt = None
+    ckpt = hooks.keep.get("ckpt")
     step = 0
-    if cfg.checkpoint_dir:
+    if ckpt is not None:
+        ckpt.settle()  # an earlier attempt's write finishes (or is dropped) before we look
+        ckpt.rank, ckpt.world_size = env.rank, env.world_size
+    elif cfg.checkpoint_dir:
         ckpt = CheckpointManager(cfg.checkpoint_dir, rank=env.rank, world_size=env.world_size,
                                  device=env.device, use_async=cfg.use_async_checkpoint,
                                  keep=cfg.keep_checkpoints, timeout_s=cfg.checkpoint_timeout,
                                  events=events, node_dir=cfg.node_dir, log=print)
         hooks.keep["ckpt"] = ckpt
+    if ckpt is not None:
         if cfg.resume == "never":
             if ckpt.store.latest_step() is not None:
                 raise ValueError(f"--resume never, but {cfg.checkpoint_dir} already holds "
@@ -121,6 +127,9 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
                 step = int(meta["step"])
                 sampler.load_state_dict(meta["sampler"])
                 set_rng_state(meta["rng"], env.device)
+                for key, fn in hooks.on_restore.items():
+                    if key in meta:
+                        fn(meta[key])
                 log(f"resumed from step {step} ({cfg.checkpoint_dir})")
             else:
                 log(f"no checkpoint in {cfg.checkpoint_dir}: starting from step 0")
@@ -156,7 +165,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         if ckpt:
             ckpt.poll()
             if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < cfg.max_steps:
-                stall = ckpt.save(step, model, optimizer, _meta(sampler, env))
+                stall = ckpt.save(step, model, optimizer, _meta(sampler, env, hooks))
         window_steps += 1
         window_stall += stall
         if step % cfg.log_interval == 0 or step == cfg.max_steps:
@@ -170,7 +179,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
 
     if ckpt:
         if ckpt.last_saved_step != step:
-            ckpt.save(step, model, optimizer, _meta(sampler, env))
+            ckpt.save(step, model, optimizer, _meta(sampler, env, hooks))
         ckpt.finish()
     final_loss = loss.clone()
     dist.all_reduce(final_loss)
@@ -182,5 +191,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     return summary
 
 
-def _meta(sampler: GlobalSampler, env: DistEnv) -> dict:
-    return {"sampler": sampler.state_dict(), "rng": rng_state(env.device), "saved_at": time.time()}
+def _meta(sampler: GlobalSampler, env: DistEnv, hooks: Hooks) -> dict:
+    meta = {"sampler": sampler.state_dict(), "rng": rng_state(env.device), "saved_at": time.time()}
+    meta.update({key: fn() for key, fn in hooks.meta.items()})
+    return meta

@@ -1,0 +1,71 @@
+"""Numbers and pins the stacks share that are not hardware facts (those live in config.instances).
+
+Each value says why it is what it is; change it here, not in a construct.
+"""
+
+from __future__ import annotations
+
+# --- Kubernetes contract with the manifests (k8s/) ------------------------------------------
+GPU_NODE_GROUP_LABEL = ("nvrx-eks/node-group", "gpu")
+SYSTEM_NODE_GROUP_LABEL = ("nvrx-eks/node-group", "system")
+GPU_TAINT = ("nvidia.com/gpu", "true", "NoSchedule")
+FSX_PVC_NAME = "fsx-claim"
+
+# nodeadm's `instance.localStorage.strategy: RAID0` builds one md RAID0 over every NVMe
+# instance-store device, formats it XFS and mounts it at /mnt/k8s-disks/0 (its default mount
+# path), then bind-mounts /var/lib/kubelet, /var/lib/containerd and /var/log/pods onto it.
+# The node-local checkpoint tier is a directory on that array; pods mount it as a hostPath with
+# type DirectoryOrCreate. Source: awslabs/amazon-eks-ami nodeadm API (LocalStorageOptions) and
+# templates/shared/runtime/bin/setup-local-disks.
+NODEADM_RAID_MOUNT = "/mnt/k8s-disks/0"
+NODE_LOCAL_DIR = f"{NODEADM_RAID_MOUNT}/nvrx"
+
+# --- Huge pages on EFA nodes ------------------------------------------------------------------
+# Each training pod requests `hugepages-2Mi: 5120Mi` (libfabric's EFA provider and the NCCL OFI
+# plugin register bounce buffers from 2 MiB pages). One training pod runs per node; we reserve
+# room for two so that a replacement pod is admitted while the old one is still terminating.
+# kubelet only advertises huge pages that exist when it starts, so they are allocated in user
+# data, which cloud-init runs before nodeadm-run.service starts kubelet.
+HUGEPAGES_2MI_PER_POD_MIB = 5120
+TRAINING_PODS_PER_NODE = 1
+HUGEPAGES_POD_HEADROOM = 2
+NR_HUGEPAGES_2MI = HUGEPAGES_2MI_PER_POD_MIB // 2 * TRAINING_PODS_PER_NODE * HUGEPAGES_POD_HEADROOM
+
+# --- Node disks -------------------------------------------------------------------------------
+# The root volume holds the OS and logs; images and kubelet state move to the NVMe RAID0.
+# Without instance store, images stay on the root volume, so it must hold them (CUDA images
+# are 15-25 GB compressed, often twice that unpacked, and two versions coexist during updates).
+ROOT_VOLUME_GIB_WITH_NVME = 200
+ROOT_VOLUME_GIB_WITHOUT_NVME = 500
+SYSTEM_ROOT_VOLUME_GIB = 50
+
+# Kubernetes service CIDR, set explicitly so nodeadm's NodeConfig can name it at synth time.
+SERVICE_IPV4_CIDR = "172.20.0.0/16"
+
+# --- Pinned Helm charts (checked 2026-08) -----------------------------------------------------
+# NVIDIA device plugin: https://github.com/NVIDIA/k8s-device-plugin (tag v0.20.0,
+# deployments/helm/nvidia-device-plugin/Chart.yaml).
+NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
+NVIDIA_DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
+NVIDIA_DEVICE_PLUGIN_VERSION = "0.20.0"
+# EFA device plugin: https://github.com/aws/eks-charts stable/aws-efa-k8s-device-plugin
+# (Chart.yaml version v0.5.30, image v0.5.20).
+EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
+EFA_DEVICE_PLUGIN_CHART = "aws-efa-k8s-device-plugin"
+EFA_DEVICE_PLUGIN_VERSION = "v0.5.30"
+
+# --- EKS add-ons --------------------------------------------------------------------------------
+# Versions are left to EKS: CreateAddon without a version installs the default version for the
+# cluster's Kubernetes version, which is the combination AWS tests.
+FSX_CSI_ADDON = "aws-fsx-csi-driver"
+FSX_CSI_CONTROLLER_SA = "fsx-csi-controller-sa"
+FSX_CSI_DRIVER = "fsx.csi.aws.com"
+VPC_CNI_SERVICE_ACCOUNT = ("kube-system", "aws-node")
+
+# Lustre LNet ports: 988 plus 1018-1023 (FSx for Lustre user guide, "File system access control
+# with Amazon VPC").
+LUSTRE_PORT = 988
+LUSTRE_PORT_RANGE = (1018, 1023)
+
+# The kubectl/helm Lambda layer bundled with this app; kubectl supports one minor version skew.
+KUBECTL_LAYER_MINOR = 33

@@ -1,0 +1,218 @@
+"""The EKS control plane: access entries, logging, endpoint, KMS for secrets, core add-ons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
+from constructs import Construct, IDependable
+
+from infra import constants as c
+from infra.nag import acknowledge
+
+ALL_CONTROL_PLANE_LOGS = [
+    eks.ClusterLoggingTypes.API,
+    eks.ClusterLoggingTypes.AUDIT,
+    eks.ClusterLoggingTypes.AUTHENTICATOR,
+    eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+    eks.ClusterLoggingTypes.SCHEDULER,
+]
+
+
+@dataclass(frozen=True)
+class ClusterProps:
+    cluster_name: str
+    eks_version: str
+    endpoint_access: str  # "public" | "private" | "public_and_private" (config.ClusterSettings)
+    public_access_cidrs: tuple[str, ...]
+    namespace: str
+    vpc: ec2.IVpc
+
+
+def endpoint_access(mode: str, cidrs: tuple[str, ...]) -> eks.EndpointAccess:
+    """Map the profile's endpoint setting to EKS; public access is limited to the CIDRs given."""
+    if mode == "private":
+        return eks.EndpointAccess.PRIVATE
+    access = eks.EndpointAccess.PUBLIC if mode == "public" else eks.EndpointAccess.PUBLIC_AND_PRIVATE
+    return access.only_from(*cidrs) if cidrs else access
+
+
+def pod_identity_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
+    """An IAM role that EKS Pod Identity may assume (and tag, for ABAC) on a pod's behalf."""
+    return iam.Role(
+        scope,
+        construct_id,
+        assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+        description=description,
+    )
+
+
+class EksCluster(Construct):
+    """An `aws_eks_v2` cluster that authenticates through access entries only.
+
+    - control-plane logs: all five types;
+    - endpoint: from the profile (public CIDRs, private, or both);
+    - Kubernetes secrets: envelope-encrypted with a customer-managed, rotating KMS key;
+    - admin access: an `admin_role` any principal of the account may assume (if IAM allows it);
+      the CloudFormation execution role gets no standing admin access;
+    - add-ons: vpc-cni, kube-proxy, CoreDNS (after nodes exist) and the Pod Identity agent, all
+      EKS-managed; vpc-cni gets its own role through Pod Identity, so the node roles do not carry
+      the CNI policy (EKS best practice: pods must not inherit ENI permissions from the node).
+    """
+
+    cluster: eks.Cluster
+    admin_role: iam.Role
+    secrets_key: kms.Key
+    namespace: eks.KubernetesManifest
+    pod_identity_agent: eks.Addon
+    vpc_cni: eks.CfnAddon
+    kube_proxy: eks.CfnAddon
+
+    def __init__(self, scope: Construct, construct_id: str, props: ClusterProps) -> None:
+        super().__init__(scope, construct_id)
+        minor = int(props.eks_version.split(".")[1])
+        if abs(minor - c.KUBECTL_LAYER_MINOR) > 1:
+            cdk.Annotations.of(self).add_warning_v2(
+                "nvrx-eks:kubectl-skew",
+                f"EKS {props.eks_version} is more than one minor version from the bundled kubectl "
+                f"1.{c.KUBECTL_LAYER_MINOR} layer; Helm charts and manifests may fail to apply",
+            )
+        if props.endpoint_access == "public" and props.public_access_cidrs:
+            cdk.Annotations.of(self).add_error(
+                "endpoint_access 'public' with public_access_cidrs would lock out the kubectl "
+                "handler (a Lambda outside the VPC); use 'public_and_private' instead"
+            )
+
+        self.secrets_key = kms.Key(
+            self,
+            "SecretsKey",
+            description=f"EKS secrets envelope encryption for {props.cluster_name}",
+            enable_key_rotation=True,
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+            pending_window=cdk.Duration.days(7),
+        )
+        self.admin_role = iam.Role(
+            self,
+            "AdminRole",
+            assumed_by=iam.AccountRootPrincipal(),
+            description=f"Cluster admin for {props.cluster_name} (kubectl via update-kubeconfig --role-arn)",
+        )
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=props.cluster_name,
+            version=eks.KubernetesVersion.of(props.eks_version),
+            vpc=props.vpc,
+            vpc_subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)],
+            endpoint_access=endpoint_access(props.endpoint_access, props.public_access_cidrs),
+            cluster_logging=ALL_CONTROL_PLANE_LOGS,
+            secrets_encryption_key=self.secrets_key,
+            masters_role=self.admin_role,
+            bootstrap_cluster_creator_admin_permissions=False,
+            bootstrap_self_managed_addons=False,
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            service_ipv4_cidr=c.SERVICE_IPV4_CIDR,
+            output_config_command=False,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=KubectlV33Layer(self, "KubectlLayer"),
+            ),
+        )
+
+        self.pod_identity_agent = self.cluster.eks_pod_identity_agent
+        cni_role = pod_identity_role(self, "VpcCniRole", "VPC CNI (aws-node) ENI and IP management")
+        cni_role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name("AmazonEKS_CNI_Policy"))
+        cni_namespace, cni_sa = c.VPC_CNI_SERVICE_ACCOUNT
+        cni_association = eks.CfnPodIdentityAssociation(
+            self,
+            "VpcCniPodIdentity",
+            cluster_name=self.cluster.cluster_name,
+            namespace=cni_namespace,
+            service_account=cni_sa,
+            role_arn=cni_role.role_arn,
+        )
+        self.vpc_cni = self._addon("VpcCni", "vpc-cni")
+        # aws-node pods must be created after the association (the Pod Identity webhook injects
+        # credentials at pod creation) and need the agent to fetch them.
+        self.vpc_cni.node.add_dependency(cni_association)
+        self.vpc_cni.node.add_dependency(self.pod_identity_agent)
+        self.kube_proxy = self._addon("KubeProxy", "kube-proxy")
+
+        self.namespace = self.cluster.add_manifest(
+            "Namespace",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": props.namespace}},
+        )
+
+        acknowledge(
+            cni_role,
+            ("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKS_CNI_Policy]",
+             "AWS-maintained policy the VPC CNI requires; attached to a Pod Identity role scoped "
+             "to kube-system/aws-node instead of the node role."),
+        )
+        self._acknowledge_cdk_internals()
+
+    def _addon(self, construct_id: str, name: str) -> eks.CfnAddon:
+        addon = eks.CfnAddon(
+            self,
+            construct_id,
+            addon_name=name,
+            cluster_name=self.cluster.cluster_name,
+            resolve_conflicts="OVERWRITE",
+            preserve_on_delete=False,
+        )
+        return addon  # its Ref to the cluster orders it after the cluster
+
+    def add_core_dns(self, after: IDependable) -> eks.CfnAddon:
+        """CoreDNS is a Deployment: create it once nodes that can run it exist, or EKS reports the
+        add-on DEGRADED and CloudFormation fails the stack."""
+        core_dns = self._addon("CoreDns", "coredns")
+        core_dns.node.add_dependency(after)
+        return core_dns
+
+    def _acknowledge_cdk_internals(self) -> None:
+        """Findings on resources aws_eks_v2 creates for itself (cluster role, kubectl handler)."""
+        acknowledge(
+            self.cluster.role,
+            ("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKSClusterPolicy]",
+             "The EKS service role must carry the AWS-managed AmazonEKSClusterPolicy (EKS user guide, "
+             "cluster IAM role)."),
+        )
+
+        provider = self.cluster.kubectl_provider
+        stack = cdk.Stack.of(self)
+        handler = provider.node.find_child("Handler")
+        handler_id = stack.resolve(stack.get_logical_id(handler.node.default_child))
+        ecr_public = next(
+            x for x in handler.node.find_all() if isinstance(x, cdk.CfnCondition)
+        )
+        condition_id = stack.resolve(stack.get_logical_id(ecr_public))
+        managed = "arn:<AWS::Partition>:iam::aws:policy/"
+        ecr_public_policy = (
+            '{"Fn::If":["%s",{"Fn::Join":["",["arn:",{"Ref":"AWS::Partition"},'
+            '":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},'
+            '{"Ref":"AWS::NoValue"}]}' % condition_id
+        )
+        acknowledge(
+            provider,
+            (f"AwsSolutions-IAM4[Policy::{managed}service-role/AWSLambdaBasicExecutionRole]",
+             "aws_eks_v2 kubectl/helm custom-resource Lambdas: CloudWatch Logs writes only."),
+            (f"AwsSolutions-IAM4[Policy::{managed}service-role/AWSLambdaVPCAccessExecutionRole]",
+             "The kubectl Lambdas run in the VPC to reach the private API endpoint; this "
+             "AWS-maintained policy is the ENI management that requires."),
+            (f"AwsSolutions-IAM4[Policy::{managed}AmazonEC2ContainerRegistryReadOnly]",
+             "Added by aws_eks_v2 so helm can pull OCI charts from ECR; read-only."),
+            (f"AwsSolutions-IAM4[Policy::{ecr_public_policy}]",
+             "Added by aws_eks_v2 (aws partition only) so helm can pull OCI charts from ECR "
+             "Public; read-only."),
+            ("AwsSolutions-L1",
+             "The kubectl handler's Python runtime is chosen by aws_eks_v2 to match its bundled "
+             "kubectl/helm/awscli layers; it is not configurable."),
+            (f"AwsSolutions-IAM5[Resource::<{handler_id}.Arn>:*]",
+             "The CDK provider framework invokes versions of its own kubectl handler; the "
+             "wildcard covers qualifiers of that one function only."),
+        )

@@ -1,0 +1,268 @@
+"""Self-managed GPU nodes: one launch template carrying every EFA card, in one AZ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import aws_cdk as cdk
+import yaml
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from config import InstanceSpec, network_interface_layout
+from config.profile import CapacityReservation
+from infra import constants as c
+from infra.constructs.system_nodes import node_role
+from infra.nag import acknowledge
+
+
+def al2023_nvidia_ami_parameter(eks_version: str) -> str:
+    """SSM parameter of the EKS-optimized AL2023 NVIDIA AMI (resolved at deploy time)."""
+    return (
+        f"/aws/service/eks/optimized-ami/{eks_version}/amazon-linux-2023/x86_64/nvidia/"
+        "recommended/image_id"
+    )
+
+
+def node_config(
+    *, cluster_name: str, endpoint: str, certificate_authority: str, local_storage: bool
+) -> dict:
+    """nodeadm's NodeConfig (node.eks.aws/v1alpha1): join, label, taint, RAID0 the instance store."""
+    label_key, label_value = c.GPU_NODE_GROUP_LABEL
+    taint_key, taint_value, taint_effect = c.GPU_TAINT
+    spec: dict = {
+        "cluster": {
+            "name": cluster_name,
+            "apiServerEndpoint": endpoint,
+            "certificateAuthority": certificate_authority,
+            "cidr": c.SERVICE_IPV4_CIDR,
+        },
+        "kubelet": {
+            "flags": [
+                f"--node-labels={label_key}={label_value}",
+                f"--register-with-taints={taint_key}={taint_value}:{taint_effect}",
+            ],
+        },
+    }
+    if local_storage:
+        spec["instance"] = {"localStorage": {"strategy": "RAID0"}}
+    return {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": spec}
+
+
+def hugepages_script(nr_hugepages: int) -> list[str]:
+    """Shell lines that reserve 2 MiB huge pages now and on every boot."""
+    return [
+        "set -euo pipefail",
+        f"echo 'vm.nr_hugepages = {nr_hugepages}' > /etc/sysctl.d/90-nvrx-hugepages.conf",
+        f"sysctl -q -w vm.nr_hugepages={nr_hugepages}",
+        f'got=$(cat /proc/sys/vm/nr_hugepages); [ "$got" -ge {nr_hugepages} ] || '
+        f'echo "nvrx-eks: only $got of {nr_hugepages} huge pages allocated" >&2',
+    ]
+
+
+def gpu_user_data(
+    *, cluster_name: str, endpoint: str, certificate_authority: str, instance: InstanceSpec
+) -> ec2.MultipartUserData:
+    """MIME user data: the NodeConfig part for nodeadm, a shell part for cloud-init.
+
+    nodeadm-run.service (which starts kubelet) is ordered after cloud-final.service, so the
+    huge pages exist before kubelet counts them.
+    """
+    user_data = ec2.MultipartUserData()
+    config = node_config(
+        cluster_name=cluster_name,
+        endpoint=endpoint,
+        certificate_authority=certificate_authority,
+        local_storage=instance.nvme_devices > 0,
+    )
+    user_data.add_part(
+        ec2.MultipartBody.from_raw_body(
+            content_type="application/node.eks.aws",
+            body="---\n" + yaml.safe_dump(config, sort_keys=False, width=10_000),
+        )
+    )
+    if instance.efa_interfaces > 0:
+        script = ec2.UserData.for_linux()
+        script.add_commands(*hugepages_script(c.NR_HUGEPAGES_2MI))
+        user_data.add_part(ec2.MultipartBody.from_user_data(script))
+    return user_data
+
+
+@dataclass(frozen=True)
+class GpuNodesProps:
+    cluster: eks.Cluster
+    vpc: ec2.IVpc
+    subnet: ec2.ISubnet
+    instance: InstanceSpec
+    node_count: int
+    eks_version: str
+    placement_group: bool
+    capacity_reservation: Optional[CapacityReservation]
+
+
+class GpuNodes(Construct):
+    """A fixed-size Auto Scaling group of GPU nodes joined through nodeadm.
+
+    The launch template lists one network interface per slot of
+    `config.network_interface_layout` (p5: the ENA primary plus 32 EFA-only interfaces), in a
+    cluster placement group unless capacity is reserved (EC2 rejects the combination for
+    capacity). Every interface is in the cluster security group (control plane, system nodes,
+    FSx clients) and in an EFA group that allows all traffic within itself, as EFA requires.
+    """
+
+    role: iam.Role
+    efa_security_group: ec2.SecurityGroup
+    launch_template: ec2.CfnLaunchTemplate
+    auto_scaling_group: autoscaling.CfnAutoScalingGroup
+    placement_group: Optional[ec2.PlacementGroup]
+    access_entry: eks.AccessEntry
+
+    def __init__(self, scope: Construct, construct_id: str, props: GpuNodesProps) -> None:
+        super().__init__(scope, construct_id)
+        cluster = props.cluster
+        spec = props.instance
+
+        self.role = node_role(self, "NodeRole", f"EKS GPU nodes ({spec.instance_type})")
+        profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
+        # API authentication mode: self-managed nodes join through an EC2_LINUX access entry.
+        self.access_entry = eks.AccessEntry(
+            self,
+            "AccessEntry",
+            cluster=cluster,
+            principal=self.role.role_arn,
+            access_entry_type=eks.AccessEntryType.EC2_LINUX,
+            access_policies=[],
+        )
+
+        self.efa_security_group = ec2.SecurityGroup(
+            self,
+            "EfaSecurityGroup",
+            vpc=props.vpc,
+            description="EFA: all traffic between GPU nodes, nothing else",
+            allow_all_outbound=False,
+        )
+        self.efa_security_group.add_ingress_rule(
+            self.efa_security_group, ec2.Port.all_traffic(), "EFA within the group"
+        )
+        self.efa_security_group.add_egress_rule(
+            self.efa_security_group, ec2.Port.all_traffic(), "EFA within the group"
+        )
+        groups = [cluster.cluster_security_group_id, self.efa_security_group.security_group_id]
+
+        self.placement_group = None
+        if props.placement_group:
+            self.placement_group = ec2.PlacementGroup(
+                self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+            )
+
+        image = ec2.MachineImage.from_ssm_parameter(al2023_nvidia_ami_parameter(props.eks_version))
+        user_data = gpu_user_data(
+            cluster_name=cluster.cluster_name,
+            endpoint=cluster.cluster_endpoint,
+            certificate_authority=cluster.cluster_certificate_authority_data,
+            instance=spec,
+        )
+        root_gib = c.ROOT_VOLUME_GIB_WITH_NVME if spec.nvme_devices else c.ROOT_VOLUME_GIB_WITHOUT_NVME
+        data = ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+            image_id=image.get_image(self).image_id,
+            instance_type=spec.instance_type,
+            iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(
+                arn=profile.instance_profile_arn
+            ),
+            user_data=cdk.Fn.base64(user_data.render()),
+            metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+                http_endpoint="enabled",
+                http_tokens="required",
+                # 2: the FSx CSI node plugin (not host-network) reads instance metadata; the node
+                # role is kept minimal for that reason.
+                http_put_response_hop_limit=2,
+            ),
+            block_device_mappings=[
+                ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+                    device_name="/dev/xvda",
+                    ebs=ec2.CfnLaunchTemplate.EbsProperty(
+                        volume_size=root_gib,
+                        volume_type="gp3",
+                        encrypted=True,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
+            network_interfaces=[
+                ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
+                    network_card_index=slot.network_card_index,
+                    device_index=slot.device_index,
+                    interface_type=slot.interface_type,
+                    groups=groups,
+                    delete_on_termination=True,
+                )
+                for slot in network_interface_layout(spec)
+            ],
+            monitoring=ec2.CfnLaunchTemplate.MonitoringProperty(enabled=True),
+            placement=ec2.CfnLaunchTemplate.PlacementProperty(
+                group_name=self.placement_group.placement_group_name
+            )
+            if self.placement_group
+            else None,
+            capacity_reservation_specification=self._capacity_reservation(props.capacity_reservation),
+            instance_market_options=ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
+                market_type="capacity-block"
+            )
+            if props.capacity_reservation and props.capacity_reservation.capacity_block
+            else None,
+            tag_specifications=[
+                ec2.CfnLaunchTemplate.TagSpecificationProperty(
+                    resource_type=kind,
+                    tags=[cdk.CfnTag(key="Name", value=f"{cluster.cluster_name}-gpu")],
+                )
+                for kind in ("instance", "volume")
+            ],
+        )
+        self.launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=data)
+
+        count = str(props.node_count)
+        self.auto_scaling_group = autoscaling.CfnAutoScalingGroup(
+            self,
+            "AutoScalingGroup",
+            min_size=count,
+            max_size=count,
+            desired_capacity=count,
+            vpc_zone_identifier=[props.subnet.subnet_id],
+            launch_template=autoscaling.CfnAutoScalingGroup.LaunchTemplateSpecificationProperty(
+                launch_template_id=self.launch_template.ref,
+                version=self.launch_template.attr_latest_version_number,
+            ),
+            health_check_type="EC2",
+            tags=[
+                autoscaling.CfnAutoScalingGroup.TagPropertyProperty(
+                    key=f"kubernetes.io/cluster/{cluster.cluster_name}",
+                    value="owned",
+                    propagate_at_launch=True,
+                ),
+            ],
+        )
+        # Nodes must find their access entry, else the API server refuses them.
+        self.auto_scaling_group.node.add_dependency(self.access_entry)
+
+        acknowledge(
+            self.auto_scaling_group,
+            ("AwsSolutions-AS3",
+             "Fixed-size group (min = max = desired): no scaling events to notify about; a "
+             "replaced node shows up as a Kubernetes node event and in the training job's log."),
+        )
+
+    @staticmethod
+    def _capacity_reservation(
+        reservation: Optional[CapacityReservation],
+    ) -> Optional[ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty]:
+        if reservation is None:
+            return None
+        return ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
+            capacity_reservation_target=ec2.CfnLaunchTemplate.CapacityReservationTargetProperty(
+                capacity_reservation_id=reservation.id
+            )
+        )

@@ -1,0 +1,108 @@
+"""VPC for the cluster: private subnets in two AZs, the GPU nodes and FSx in the profile's AZ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+# Placeholders CDK uses while an availability-zone or VPC lookup is still pending.
+_DUMMY_AZS = {"dummy1a", "dummy1b", "dummy1c"}
+
+
+@dataclass(frozen=True)
+class NetworkProps:
+    availability_zone: str  # where the GPU capacity is; GPU nodes and FSx go here
+    vpc_cidr: str = "10.0.0.0/16"
+    vpc_id: Optional[str] = None  # reuse an existing VPC (needs a lookup, i.e. credentials once)
+
+
+class Network(Construct):
+    """A new VPC (or an existing one by id), its flow log, and the GPU subnet.
+
+    EKS needs control-plane subnets in at least two AZs, so a new VPC spans the profile's AZ and
+    one more; everything latency-sensitive (GPU nodes, FSx) is pinned to the profile's AZ.
+    """
+
+    vpc: ec2.IVpc
+    gpu_subnet: ec2.ISubnet
+
+    def __init__(self, scope: Construct, construct_id: str, props: NetworkProps) -> None:
+        super().__init__(scope, construct_id)
+        stack = cdk.Stack.of(self)
+        az = props.availability_zone
+        known_azs = [a for a in stack.availability_zones if not cdk.Token.is_unresolved(a)]
+        lookup_pending = not known_azs or set(known_azs) <= _DUMMY_AZS
+        if not lookup_pending and az not in known_azs:
+            cdk.Annotations.of(self).add_error(
+                f"availability zone {az} does not exist in {stack.region} for this account "
+                f"(known: {', '.join(known_azs)})"
+            )
+
+        if props.vpc_id:
+            self.vpc = ec2.Vpc.from_lookup(self, "Vpc", vpc_id=props.vpc_id)
+        else:
+            other = next((a for a in stack.availability_zones if a != az), None)
+            self.vpc = self._new_vpc(az, other, props.vpc_cidr)
+
+        # Flow logs for either kind of VPC: a second flow log on an existing VPC is harmless.
+        log_group = logs.LogGroup(
+            self,
+            "FlowLogGroup",
+            retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        ec2.FlowLog(
+            self,
+            "FlowLog",
+            resource_type=ec2.FlowLogResourceType.from_vpc(self.vpc),
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(log_group),
+            traffic_type=ec2.FlowLogTrafficType.ALL,
+        )
+
+        private = self.vpc.select_subnets(
+            subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, availability_zones=[az]
+        ).subnets
+        if not private:
+            if not lookup_pending and not (props.vpc_id and self.vpc.vpc_id == "vpc-12345"):
+                cdk.Annotations.of(self).add_error(
+                    f"the VPC has no private subnet with egress in {az} for the GPU nodes and FSx"
+                )
+            # Keep synthesizing (a pending lookup is resolved by the CLI and synth runs again).
+            private = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets
+        self.gpu_subnet = private[0]
+
+    def _new_vpc(self, az: str, other_az: Optional[str], cidr: str) -> ec2.Vpc:
+        azs = [az] + ([other_az] if other_az else [])
+        vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(cidr),
+            availability_zones=azs,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                # /19: room for pod IPs (VPC CNI gives every pod a VPC address); EFA-only
+                # interfaces take no address.
+                ec2.SubnetConfiguration(
+                    name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19
+                ),
+            ],
+            # One NAT gateway, in the GPU AZ, so GPU-node egress does not cross AZs.
+            nat_gateways=1,
+            nat_gateway_subnets=ec2.SubnetSelection(subnet_group_name="Public", availability_zones=[az]),
+            enable_dns_hostnames=True,
+            enable_dns_support=True,
+            restrict_default_security_group=False,
+        )
+        # Image layers from ECR and S3 data stay on the AWS network (and off the NAT bill).
+        vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
+        # Subnet tags the AWS load balancer integration looks for.
+        for subnet in vpc.public_subnets:
+            cdk.Tags.of(subnet).add("kubernetes.io/role/elb", "1")
+        for subnet in vpc.private_subnets:
+            cdk.Tags.of(subnet).add("kubernetes.io/role/internal-elb", "1")
+        return vpc

@@ -1,0 +1,68 @@
+"""The one-off Job that tokenizes C4 onto FSx before the first run.
+
+It runs on a GPU node (tolerating the taint, requesting no GPU) because the trainer image is
+large and already cached there; the system nodes would pull gigabytes for one short job. It
+needs egress to the Hugging Face hub, which no NetworkPolicy of ours restricts.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from cdk8s import Chart
+from cdk8s_plus_33 import k8s
+from constructs import Construct
+
+from k8s import commands, naming, pod
+from k8s.charts.base import meta
+from k8s.deployment import Deployment
+from k8s.environment import data_prep_env
+
+BACKOFF_LIMIT = 3  # network hiccups while streaming C4; more would hide a real error
+CPU = "2"
+MEMORY = "8Gi"
+
+
+class DataPrepChart(Chart):
+    def __init__(self, scope: Construct, id: str, dep: Deployment) -> None:
+        super().__init__(scope, id)
+        labels = naming.base_labels(naming.COMPONENT_DATA_PREP)
+        command, args = commands.data_prep_command(dep)
+        fsx_mount = pod.mount(pod.FSX_VOLUME, dep.fsx_mount)
+        prepare = pod.prepare_dirs_container(
+            dep.image, [posixpath.dirname(dep.data_dir), dep.data_dir], pod.APP_UID, [fsx_mount]
+        )
+        container = k8s.Container(
+            name="data-prep",
+            image=dep.image,
+            image_pull_policy="IfNotPresent",
+            command=command,
+            args=args,
+            env=data_prep_env(),
+            resources=pod.small_resources(cpu=CPU, memory=MEMORY),
+            security_context=pod.container_security(pod.APP_UID),
+            volume_mounts=[fsx_mount],
+        )
+        pod_spec = k8s.PodSpec(
+            service_account_name=naming.SERVICE_ACCOUNT,
+            automount_service_account_token=False,
+            enable_service_links=False,
+            restart_policy="Never",
+            security_context=pod.pod_security(),
+            node_selector=pod.gpu_node_selector(dep.instance),
+            tolerations=pod.gpu_tolerations(),
+            init_containers=[prepare],
+            containers=[container],
+            volumes=[pod.fsx_volume(dep.fsx_claim)],
+        )
+        k8s.KubeJob(
+            self,
+            "job",
+            metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace),
+            spec=k8s.JobSpec(
+                backoff_limit=BACKOFF_LIMIT,
+                completions=1,
+                parallelism=1,
+                template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=labels), spec=pod_spec),
+            ),
+        )

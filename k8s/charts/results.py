@@ -1,0 +1,47 @@
+"""A short-lived, read-only pod through which the wrapper copies a run's results off FSx.
+
+It only sleeps: `kubectl cp` reads the files through it, then the wrapper deletes it. The
+deadline removes it even if the wrapper dies mid-copy, so it cannot keep FSx mounted.
+"""
+
+from __future__ import annotations
+
+from cdk8s import Chart
+from cdk8s_plus_33 import k8s
+from constructs import Construct
+
+from k8s import naming, pod
+from k8s.charts.base import meta
+from k8s.deployment import Deployment
+
+LIFETIME_S = 1800
+CONTAINER = "results"
+
+
+class ResultsChart(Chart):
+    def __init__(self, scope: Construct, id: str, dep: Deployment) -> None:
+        super().__init__(scope, id)
+        labels = {**naming.base_labels(naming.COMPONENT_RESULTS), naming.LABEL_RUN_ID: dep.run_id}
+        container = k8s.Container(
+            name=CONTAINER,
+            image=dep.image,
+            image_pull_policy="IfNotPresent",
+            command=["sleep", str(LIFETIME_S)],
+            resources=pod.small_resources(),
+            security_context=pod.container_security(pod.APP_UID),
+            volume_mounts=[pod.mount(pod.FSX_VOLUME, dep.fsx_mount, read_only=True)],
+        )
+        spec = k8s.PodSpec(
+            service_account_name=naming.SERVICE_ACCOUNT,
+            automount_service_account_token=False,
+            enable_service_links=False,
+            restart_policy="Never",
+            active_deadline_seconds=LIFETIME_S,
+            termination_grace_period_seconds=0,
+            security_context=pod.pod_security(),
+            node_selector=pod.gpu_node_selector(dep.instance),
+            tolerations=pod.gpu_tolerations(),
+            containers=[container],
+            volumes=[pod.fsx_volume(dep.fsx_claim, read_only=True)],
+        )
+        k8s.KubePod(self, "pod", metadata=meta(naming.results_pod_name(dep.run_id), labels, dep.namespace), spec=spec)

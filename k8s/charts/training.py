@@ -1,0 +1,174 @@
+"""One training run: its settings ConfigMap, headless Service, NetworkPolicy and Indexed Job.
+
+Every object is named `train-<run-id>`, so runs coexist and the wrapper can address one run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from cdk8s import Chart
+from cdk8s_plus_33 import k8s
+from constructs import Construct
+
+from k8s import commands, naming, pod, restart_policy
+from k8s.charts.base import meta
+from k8s.deployment import CONFIG_MOUNT, NODE_LOCAL_MOUNT, SETTINGS_FILE, SHM_MOUNT, Deployment
+from k8s.environment import training_env
+from k8s.resources import check_memory_budget, gib_quantity, training_resources
+
+# Time for the launcher to stop its workers and flush results/events on `stop` or a drain.
+TERMINATION_GRACE_S = 120
+PORTS = (
+    ("rendezvous", naming.RENDEZVOUS_PORT),
+    ("app-store", naming.APP_STORE_PORT),
+    ("wrapper-store", naming.WRAPPER_STORE_PORT),
+)
+
+
+def trainer_uid(dep: Deployment) -> int:
+    """Root (IPC_LOCK only) where EFA needs locked memory, the image's user elsewhere (see k8s.pod)."""
+    return pod.ROOT_UID if dep.has_efa else pod.APP_UID
+
+
+def settings_document(dep: Deployment) -> str:
+    """The run's full settings, mounted into the pod and copied into the run directory."""
+    doc = {
+        "run_id": dep.run_id,
+        "mode": dep.mode,
+        "job": dep.job_name,
+        "master_addr": dep.master_addr,
+        "run_dir": dep.run_dir,
+        "image": dep.image,
+        "instance": asdict(dep.instance),
+        "profile": dep.profile.model_dump(mode="json"),
+        "launcher_args": commands.launcher_argv(dep),
+        "trainer_args": commands.trainer_argv(dep),
+    }
+    return json.dumps(doc, indent=2, sort_keys=True)
+
+
+class TrainingChart(Chart):
+    def __init__(self, scope: Construct, id: str, dep: Deployment) -> None:
+        super().__init__(scope, id)
+        self.dep = dep
+        self.run_labels = naming.run_labels(dep.run_id, dep.mode)
+        self.selector = naming.run_selector(dep.run_id)
+        self._config_map()
+        self._service()
+        self._network_policy()
+        self._job()
+
+    def _meta(self) -> k8s.ObjectMeta:
+        return meta(self.dep.job_name, self.run_labels, self.dep.namespace)
+
+    def _config_map(self) -> None:
+        k8s.KubeConfigMap(self, "settings", metadata=self._meta(), data={SETTINGS_FILE: settings_document(self.dep)})
+
+    def _service(self) -> None:
+        """Headless, and publishing not-ready pods: DNS for `<job>-<i>.<job>` exists as soon as a
+        pod has an IP, before any readiness, so peers can rendezvous immediately."""
+        ports = [
+            k8s.ServicePort(name=name, port=port, target_port=k8s.IntOrString.from_number(port))
+            for name, port in PORTS
+        ]
+        spec = k8s.ServiceSpec(
+            cluster_ip="None", publish_not_ready_addresses=True, selector=self.selector, ports=ports
+        )
+        k8s.KubeService(self, "service", metadata=self._meta(), spec=spec)
+
+    def _network_policy(self) -> None:
+        """Ingress to the run's pods only from the run's pods, on every port: NCCL's bootstrap
+        and socket transport listen on ephemeral ports besides 29500-29502. EFA traffic bypasses
+        the pod network and is governed by the node security group instead."""
+        same_run = k8s.LabelSelector(match_labels=self.selector)
+        spec = k8s.NetworkPolicySpec(
+            pod_selector=same_run,
+            policy_types=["Ingress"],
+            ingress=[k8s.NetworkPolicyIngressRule(from_=[k8s.NetworkPolicyPeer(pod_selector=same_run)])],
+        )
+        k8s.KubeNetworkPolicy(self, "network-policy", metadata=self._meta(), spec=spec)
+
+    def _job(self) -> None:
+        dep, nodes = self.dep, self.dep.profile.node_count
+        spec = k8s.JobSpec(
+            completion_mode="Indexed",
+            completions=nodes,
+            parallelism=nodes,
+            backoff_limit=restart_policy.backoff_limit(dep),
+            pod_failure_policy=restart_policy.pod_failure_policy(),
+            pod_replacement_policy="Failed",
+            template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=self.run_labels), spec=self._pod_spec()),
+        )
+        k8s.KubeJob(self, "job", metadata=self._meta(), spec=spec)
+
+    def _pod_spec(self) -> k8s.PodSpec:
+        dep = self.dep
+        return k8s.PodSpec(
+            subdomain=dep.service_name,
+            service_account_name=naming.SERVICE_ACCOUNT,
+            automount_service_account_token=False,
+            enable_service_links=False,
+            restart_policy="Never",
+            termination_grace_period_seconds=TERMINATION_GRACE_S,
+            security_context=pod.pod_security(),
+            node_selector=pod.gpu_node_selector(dep.instance),
+            tolerations=pod.gpu_tolerations(),
+            affinity=pod.one_pod_per_node(self.selector),
+            init_containers=[self._prepare_dirs()],
+            containers=[self._trainer()],
+            volumes=self._volumes(),
+        )
+
+    def _volumes(self) -> list[k8s.Volume]:
+        dep = self.dep
+        volumes = [
+            pod.fsx_volume(dep.fsx_claim),
+            pod.shm_volume(gib_quantity(dep.profile.tiers.shm_size_gib)),
+            pod.config_volume(dep.job_name),
+        ]
+        if dep.node_local_host_path:
+            volumes.append(pod.node_local_volume(dep.node_local_host_path))
+        return volumes
+
+    def _data_mounts(self) -> list[k8s.VolumeMount]:
+        mounts = [pod.mount(pod.FSX_VOLUME, self.dep.fsx_mount)]
+        if self.dep.node_local_host_path:
+            mounts.append(pod.mount(pod.NODE_LOCAL_VOLUME, NODE_LOCAL_MOUNT))
+        return mounts
+
+    def _prepare_dirs(self) -> k8s.Container:
+        dep = self.dep
+        dirs = [dep.run_dir, dep.checkpoint_dir]
+        if dep.node_local_host_path:
+            dirs.append(NODE_LOCAL_MOUNT)
+        return pod.prepare_dirs_container(
+            dep.image,
+            dirs,
+            trainer_uid(dep),
+            [*self._data_mounts(), pod.mount(pod.CONFIG_VOLUME, CONFIG_MOUNT, read_only=True)],
+            copies=[(f"{CONFIG_MOUNT}/{SETTINGS_FILE}", f"{dep.run_dir}/{SETTINGS_FILE}")],
+        )
+
+    def _trainer(self) -> k8s.Container:
+        dep = self.dep
+        resources = training_resources(dep.instance)
+        check_memory_budget(dep.profile, resources)
+        command, args = commands.training_command(dep)
+        return k8s.Container(
+            name=naming.TRAINER_CONTAINER,
+            image=dep.image,
+            image_pull_policy="IfNotPresent",  # a replacement pod must not wait on the registry
+            command=command,
+            args=args,
+            env=training_env(dep),
+            ports=[k8s.ContainerPort(name=name, container_port=port) for name, port in PORTS],
+            resources=resources.requirements(),
+            security_context=pod.container_security(trainer_uid(dep), ["IPC_LOCK"] if dep.has_efa else []),
+            volume_mounts=[
+                *self._data_mounts(),
+                pod.mount(pod.SHM_VOLUME, SHM_MOUNT),
+                pod.mount(pod.CONFIG_VOLUME, CONFIG_MOUNT, read_only=True),
+            ],
+        )

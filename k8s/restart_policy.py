@@ -1,0 +1,57 @@
+"""How the training Job reacts to a failed pod: the outermost recovery layer, in every mode.
+
+- restartPolicy Never: a failed pod is replaced by a new pod of the same completion index
+  (same hostname `<job>-<index>`, so rank 0's DNS name survives), never restarted in place,
+  so there is no kubelet CrashLoopBackOff inside a pod.
+- Gang restart: when one rank dies, its peers' collectives fail (NCCL error, or the watchdog
+  after the NCCL timeout); with TORCH_NCCL_ASYNC_ERROR_HANDLING=3 they exit, their pods fail
+  and are replaced as well, and the whole gang meets again at rendezvous on rank 0.
+  `backoffLimitPerIndex` is not used: it counts per index (and is alpha in 1.28), so it
+  cannot express "restart the gang N times". The global `backoffLimit` counts failed pods and
+  one gang restart fails up to node_count pods, so it is recovery.backoff_limit * node_count.
+- podFailurePolicy: a pod evicted or preempted (DisruptionTarget: node drain, node loss,
+  spot interruption) is replaced without using the budget; exit code 2 (argparse usage error
+  of the launcher) fails the Job at once, since retrying a bad command line cannot help.
+- podReplacementPolicy Failed: a replacement starts only once the old pod is gone, so it never
+  competes with its predecessor for the node's GPUs (required with a podFailurePolicy).
+
+Baseline relies on exactly this. ft_launcher modes restart workers inside the pods first
+(launcher --max_restarts) and in-process modes re-enter the train function first; the Job
+level then only handles what those cannot: a lost node or an exhausted launcher budget.
+"""
+
+from __future__ import annotations
+
+from cdk8s_plus_33 import k8s
+
+from k8s import naming
+from k8s.deployment import Deployment
+
+USAGE_ERROR_EXIT_CODE = 2
+
+
+def backoff_limit(dep: Deployment) -> int:
+    return dep.profile.recovery.backoff_limit * dep.profile.node_count
+
+
+def pod_failure_policy() -> k8s.PodFailurePolicy:
+    # `onPodConditions: []` is required on every rule by the 1.28 API.
+    return k8s.PodFailurePolicy(
+        rules=[
+            k8s.PodFailurePolicyRule(
+                action="Ignore",
+                on_pod_conditions=[
+                    k8s.PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")
+                ],
+            ),
+            k8s.PodFailurePolicyRule(
+                action="FailJob",
+                on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
+                    container_name=naming.TRAINER_CONTAINER,
+                    operator="In",
+                    values=[USAGE_ERROR_EXIT_CODE],
+                ),
+                on_pod_conditions=[],
+            ),
+        ]
+    )

@@ -1,0 +1,313 @@
+"""nvrx-eks: a thin, typed wrapper over kubectl for the training runs of one profile.
+
+Reads the same profile and CDK outputs file as `python -m k8s synth`. `--dry-run` prints the
+exact kubectl commands (and, for `synth`, the manifests) without touching a cluster.
+
+    nvrx-eks prepare-data --profile p5          # tokenize C4 onto FSx once
+    nvrx-eks submit --profile p5 --mode baseline
+    nvrx-eks status --profile p5
+    nvrx-eks logs --profile p5 --rank 0 --follow
+    nvrx-eks results --profile p5 --run-id <id>
+    nvrx-eks stop --profile p5 --run-id <id>
+    nvrx-eks cleanup --profile p5               # before `cdk destroy`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from config import Profile, ProfileError, load_profile
+from k8s import naming, outputs, synth
+from k8s.charts.results import CONTAINER as RESULTS_CONTAINER
+from k8s.cli import add_deployment_args
+from k8s.deployment import Deployment, check_outputs_match, resolve
+from k8s.errors import SynthError
+from k8s.outputs import StackOutputs, default_outputs_path, load_outputs
+from scripts.kubectl import Kubectl, KubectlFailed, WrapperError
+
+PROG = "nvrx-eks"
+PART_OF_SELECTOR = f"{naming.LABEL_PART_OF}={naming.PART_OF}"
+TRAIN_SELECTOR = f"{PART_OF_SELECTOR},{naming.LABEL_COMPONENT}={naming.COMPONENT_TRAIN}"
+DELETE_TIMEOUT = "15m"
+READY_TIMEOUT = "10m"
+# What a run leaves on FSx, copied by `results`; only results.json must exist.
+RESULT_FILES = (("results.json", True), ("events.jsonl", False), ("settings.json", False), ("report", False))
+POD_COLUMNS = ",".join(
+    (
+        "POD:.metadata.name",
+        r"RANK:.metadata.annotations.batch\.kubernetes\.io/job-completion-index",
+        "PHASE:.status.phase",
+        "EXIT:.status.containerStatuses[0].state.terminated.exitCode",
+        "NODE:.spec.nodeName",
+        "STARTED:.status.startTime",
+    )
+)
+JOB_COLUMNS = ",".join(
+    (
+        "JOB:.metadata.name",
+        r"MODE:.metadata.labels.nvrx-eks/mode",
+        "ACTIVE:.status.active",
+        "READY:.status.ready",
+        "SUCCEEDED:.status.succeeded",
+        "FAILED_PODS:.status.failed",
+        "STARTED:.status.startTime",
+    )
+)
+
+
+@dataclass
+class Session:
+    """What every command needs: the profile, the stack outputs and a kubectl for its namespace."""
+
+    args: argparse.Namespace
+    profile: Profile
+    outputs: StackOutputs
+    kubectl: Kubectl
+
+    @property
+    def outdir(self) -> Path:
+        return self.args.outdir or Path("dist") / self.profile.name
+
+    def deployment(self, run_id: Optional[str] = None) -> Deployment:
+        return resolve(
+            self.profile,
+            self.outputs,
+            mode=getattr(self.args, "mode", None),
+            run_id=run_id or getattr(self.args, "run_id", None),
+            tokenizer=getattr(self.args, "tokenizer", "byte"),
+        )
+
+    def synthesize(self, dep: Deployment, parts: Sequence[str]) -> dict[str, Path]:
+        """Write the parts' manifests; returns {part: file}."""
+        written = synth.write(synth.build(dep, parts), self.outdir)
+        by_name = {path.name: path for path in written}
+        return {part: by_name[synth.file_name(part, dep.run_id)] for part in parts}
+
+    def run_id_or_latest(self) -> str:
+        """The given --run-id, else the newest training Job in the namespace (needs the cluster)."""
+        if self.args.run_id:
+            return self.args.run_id
+        if self.kubectl.dry_run:
+            raise WrapperError("--dry-run cannot look up the latest run: pass --run-id")
+        data = json.loads(self.kubectl.query("get", "jobs", "--selector", TRAIN_SELECTOR, "--output", "json"))
+        jobs = sorted(data.get("items", []), key=lambda j: j["metadata"]["creationTimestamp"])
+        if not jobs:
+            raise WrapperError(f"no training runs in namespace {self.profile.namespace!r}")
+        return jobs[-1]["metadata"]["labels"][naming.LABEL_RUN_ID]
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def cmd_synth(s: Session) -> int:
+    dep = s.deployment()
+    if s.kubectl.dry_run:
+        for name, docs in synth.build(dep).items():
+            s.kubectl.show(f"# {name}\n{synth.to_yaml(docs)}---")
+        return 0
+    for path in synth.write(synth.build(dep), s.outdir):
+        s.kubectl.show(str(path))
+    return 0
+
+
+def cmd_submit(s: Session) -> int:
+    dep = s.deployment()
+    files = s.synthesize(dep, (synth.NAMESPACE, synth.COMMON, synth.TRAIN))
+    if not dep.namespace_owned_by_stack:
+        s.kubectl.run("apply", "--filename", str(files[synth.NAMESPACE]))
+    s.kubectl.run("apply", "--filename", str(files[synth.COMMON]), "--filename", str(files[synth.TRAIN]))
+    s.kubectl.show(f"# run {dep.run_id}: {dep.mode}, {dep.profile.node_count}x {dep.profile.instance_type}, {dep.run_dir}")
+    return 0
+
+
+def cmd_prepare_data(s: Session) -> int:
+    dep = s.deployment()
+    files = s.synthesize(dep, (synth.NAMESPACE, synth.COMMON, synth.DATA_PREP))
+    if not dep.namespace_owned_by_stack:
+        s.kubectl.run("apply", "--filename", str(files[synth.NAMESPACE]))
+    # A finished Job's spec is immutable: replace it, so a re-run really prepares again.
+    s.kubectl.run("delete", "job", naming.DATA_PREP_JOB, "--ignore-not-found", "--wait=true")
+    s.kubectl.run("apply", "--filename", str(files[synth.COMMON]), "--filename", str(files[synth.DATA_PREP]))
+    if s.args.wait:
+        s.kubectl.run("wait", "--for=condition=complete", f"job/{naming.DATA_PREP_JOB}", f"--timeout={s.args.timeout}")
+    return 0
+
+
+def cmd_status(s: Session) -> int:
+    selector = TRAIN_SELECTOR
+    if s.args.run_id:
+        selector = f"{selector},{naming.LABEL_RUN_ID}={s.args.run_id}"
+    s.kubectl.run("get", "jobs", "--selector", selector, "--output", f"custom-columns={JOB_COLUMNS}")
+    s.kubectl.run(
+        "get", "pods", "--selector", selector,
+        "--sort-by", ".metadata.creationTimestamp", "--output", f"custom-columns={POD_COLUMNS}",
+    )  # fmt: skip
+    return 0
+
+
+def rank_pod_lookup(run_id: str, rank: int) -> list[str]:
+    """kubectl args naming the newest pod of one completion index (replacements keep the index)."""
+    selector = f"{naming.LABEL_RUN_ID}={run_id},{naming.COMPLETION_INDEX_KEY}={rank}"
+    return [
+        "get", "pods", "--selector", selector, "--sort-by", ".metadata.creationTimestamp",
+        "--output", "jsonpath={.items[-1:].metadata.name}",
+    ]  # fmt: skip
+
+
+def cmd_logs(s: Session) -> int:
+    run_id = s.run_id_or_latest()
+    if not 0 <= s.args.rank < s.profile.node_count:
+        raise WrapperError(f"--rank {s.args.rank} is not a node rank of {s.profile.node_count} nodes")
+    logs = ["logs", "--container", naming.TRAINER_CONTAINER] + (["--follow"] if s.args.follow else [])
+    lookup = rank_pod_lookup(run_id, s.args.rank)
+    if s.kubectl.dry_run:
+        s.kubectl.show(f'{shlex.join(s.kubectl.argv(*logs))} "$({shlex.join(s.kubectl.argv(*lookup))})"')
+        return 0
+    pod = s.kubectl.query(*lookup).strip()
+    if not pod:
+        raise WrapperError(f"no pod of rank {s.args.rank} in run {run_id!r} (yet)")
+    return s.kubectl.run(*logs, pod, check=False)
+
+
+def cmd_results(s: Session) -> int:
+    dep = s.deployment(run_id=s.run_id_or_latest())
+    pod = naming.results_pod_name(dep.run_id)
+    dest = s.args.dest or Path("runs") / dep.run_id
+    manifest = s.synthesize(dep, (synth.RESULTS,))[synth.RESULTS]
+    s.kubectl.run("apply", "--filename", str(manifest))
+    try:
+        s.kubectl.run("wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={READY_TIMEOUT}")
+        if not s.kubectl.dry_run:
+            dest.mkdir(parents=True, exist_ok=True)
+        for name, required in RESULT_FILES:
+            source = f"{pod}:{dep.run_dir}/{name}"
+            code = s.kubectl.run("cp", "--container", RESULTS_CONTAINER, source, str(dest / name), check=required)
+            if code != 0:
+                s.kubectl.show(f"# {name} not found in {dep.run_dir}; skipped")
+    finally:
+        s.kubectl.run("delete", "pod", pod, "--ignore-not-found", "--wait=false")
+    s.kubectl.show(f"# results of {dep.run_id} in {dest}/ (report: python -m trainer.report {dest}/results.json --out {dest}/report)")
+    return 0
+
+
+def cmd_stop(s: Session) -> int:
+    run_id = s.run_id_or_latest()
+    s.kubectl.run(
+        "delete", "job", naming.train_job_name(run_id),
+        "--cascade=foreground", "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}",
+    )  # fmt: skip
+    s.kubectl.show(f"# stopped {run_id}; its checkpoints and metrics stay in FSx under runs/{run_id}")
+    return 0
+
+
+def cmd_cleanup(s: Session) -> int:
+    """Jobs first (foreground: their pods go first), then stray pods, so nothing mounts FSx any
+    more when `cdk destroy` deletes the claim and the file system; then the remaining objects.
+    The namespace and the FSx PV/PVC belong to the stack and are left to `cdk destroy`."""
+    k = s.kubectl
+    k.run(
+        "delete", "jobs", "--selector", PART_OF_SELECTOR,
+        "--cascade=foreground", "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}",
+    )  # fmt: skip
+    k.run("delete", "pods", "--selector", PART_OF_SELECTOR, "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}")
+    k.run("delete", "networkpolicies,services,configmaps,serviceaccounts", "--selector", PART_OF_SELECTOR, "--ignore-not-found")
+    k.show(f"# namespace {s.profile.namespace!r} and the FSx claim are left to `cdk destroy`")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Session], int]] = {
+    "synth": cmd_synth,
+    "submit": cmd_submit,
+    "prepare-data": cmd_prepare_data,
+    "status": cmd_status,
+    "logs": cmd_logs,
+    "results": cmd_results,
+    "stop": cmd_stop,
+    "cleanup": cmd_cleanup,
+}
+# Commands that synthesize manifests take the same options as `python -m k8s synth`.
+DEPLOYMENT_COMMANDS = ("synth", "submit", "prepare-data", "results")
+
+
+# --- argument parsing -------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser, name: str) -> None:
+    if name in DEPLOYMENT_COMMANDS:
+        add_deployment_args(parser)
+    else:
+        parser.add_argument("--profile", required=True, help="profile name in config/profiles, or a YAML path")
+        parser.add_argument("--outputs", help="CDK outputs file (default: ./cdk-outputs.json when it exists)")
+        if name != "cleanup":
+            parser.add_argument("--run-id", help="the run (default: the newest one)")
+    parser.add_argument("--outdir", type=Path, help="manifest directory (default: dist/<profile>)")
+    parser.add_argument("--context", help="kube context (default: the current one)")
+    parser.add_argument("--dry-run", action="store_true", help="print the kubectl commands instead of running them")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    helps = {
+        "synth": "write the manifests (--dry-run: print them)",
+        "submit": "synthesize and apply one training run",
+        "prepare-data": "run the data-prep Job that writes C4 tokens to FSx",
+        "status": "jobs and pods of one run (default: all runs)",
+        "logs": "logs of one node rank's newest pod",
+        "results": "copy results.json, events.jsonl and the report off FSx",
+        "stop": "delete one run's Job and its pods; FSx data stays",
+        "cleanup": "delete every object of ours, FSx-mounting pods first",
+    }
+    for name, text in helps.items():
+        cmd = sub.add_parser(name, help=text, description=text)
+        _common(cmd, name)
+        if name == "prepare-data":
+            cmd.add_argument("--wait", action="store_true", help="wait for the Job to complete")
+            cmd.add_argument("--timeout", default="2h", help="how long --wait waits")
+        if name == "logs":
+            cmd.add_argument("--rank", type=int, default=0, help="node rank (completion index), default 0")
+            cmd.add_argument("--follow", "-f", action="store_true")
+        if name == "results":
+            cmd.add_argument("--dest", type=Path, help="local directory (default: runs/<run-id>)")
+    return parser
+
+
+def kubeconfig_hint(profile: Profile, out: StackOutputs) -> str:
+    cmd = out.get(outputs.KUBECONFIG_COMMAND)
+    if cmd:
+        return cmd
+    cluster = out.get(outputs.CLUSTER_NAME) or "<ClusterName>"
+    return f"aws eks update-kubeconfig --name {cluster} --region {profile.region}"
+
+
+def open_session(args: argparse.Namespace) -> Session:
+    profile = load_profile(args.profile)
+    out = load_outputs(args.outputs or default_outputs_path())
+    check_outputs_match(profile, out)
+    kubectl = Kubectl(namespace=profile.namespace, context=args.context, dry_run=args.dry_run)
+    needs_cluster = not args.dry_run and args.command != "synth"
+    if needs_cluster:
+        kubectl.preflight(out.get(outputs.CLUSTER_NAME), kubeconfig_hint(profile, out))
+    return Session(args, profile, out, kubectl)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](open_session(args))
+    except (WrapperError, SynthError, ProfileError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return WrapperError.exit_code
+    except KubectlFailed as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Per-mode restart settings: Job-level policy, launcher flags and the NCCL watchdog environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from k8s.restart_policy import USAGE_ERROR_EXIT_CODE
+
+
+def test_job_level_restart_policy(synthesis) -> None:
+    spec = synthesis.job["spec"]
+    rec, nodes = synthesis.dep.profile.recovery, synthesis.dep.profile.node_count
+    assert synthesis.pod_spec["restartPolicy"] == "Never"
+    assert spec["backoffLimit"] == rec.backoff_limit * nodes  # one gang restart fails every pod
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert "backoffLimitPerIndex" not in spec
+    rules = spec["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert rules[1]["action"] == "FailJob"
+    assert rules[1]["onExitCodes"] == {"containerName": "trainer", "operator": "In", "values": [USAGE_ERROR_EXIT_CODE]}
+
+
+def test_launcher_flags_per_mode(synthesis) -> None:
+    rec = synthesis.dep.profile.recovery
+    assert synthesis.trainer["command"] == ["python", "-m", "trainer.launch"]
+    assert synthesis.args_value("--mode") == synthesis.dep.mode
+    expected_restarts = 0 if synthesis.dep.mode == "baseline" else rec.max_restarts
+    assert synthesis.args_value("--max_restarts") == str(expected_restarts)
+    assert float(synthesis.args_value("--heartbeat_timeout")) == rec.heartbeat_timeout_s
+    assert float(synthesis.args_value("--initial_heartbeat_timeout")) == rec.initial_heartbeat_timeout_s
+    assert float(synthesis.args_value("--monitor_interval")) == rec.monitor_interval_s
+    args = synthesis.trainer["args"]
+    assert args.count("--") == 1 and args.index("--") > args.index("--monitor_interval")
+
+
+def test_watchdog_environment_per_mode(synthesis) -> None:
+    env = {name: e.get("value") for name, e in synthesis.env.items()}
+    rec = synthesis.dep.profile.recovery
+    if "inprocess" in synthesis.dep.mode:
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+        assert env["NCCL_NVLS_ENABLE"] == "0"
+        assert env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0"
+        assert rec.nccl_timeout_s > rec.hard_timeout_s
+    else:
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+        assert "NCCL_NVLS_ENABLE" not in env
+    assert int(env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]) > max(rec.nccl_timeout_s, rec.hard_timeout_s)
+
+
+def test_efa_environment_per_family(synthesis) -> None:
+    env = {name: e.get("value") for name, e in synthesis.env.items()}
+    spec = synthesis.dep.instance
+    if spec.efa_interfaces:
+        assert env["FI_PROVIDER"] == "efa"
+        assert env["FI_EFA_FORK_SAFE"] == "1"
+        assert env["NCCL_TUNER_PLUGIN"].endswith("libnccl-ofi-tuner.so")
+        assert ("FI_EFA_USE_DEVICE_RDMA" in env) == spec.gpudirect_rdma
+    else:
+        assert env["NCCL_NET"] == "Socket"
+    if spec.gpudirect_rdma:
+        assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+
+
+@pytest.mark.parametrize("profile", ["p5", "p4de"])
+def test_gpudirect_rdma_on_p_families(synth_for, profile: str) -> None:
+    env = synth_for(profile, "baseline").env
+    assert env["FI_EFA_USE_DEVICE_RDMA"]["value"] == "1"

@@ -1,0 +1,40 @@
+"""Resource sizing and environment for every instance type of the table, EFA or not."""
+
+from __future__ import annotations
+
+import pytest
+
+from config import INSTANCE_TYPES, instance_spec
+from k8s.environment import network_env
+from k8s.resources import gib_quantity, training_resources
+
+
+@pytest.mark.parametrize("instance_type", sorted(INSTANCE_TYPES))
+def test_whole_node_sizing(instance_type: str) -> None:
+    spec = instance_spec(instance_type)
+    res = training_resources(spec)
+    requests, limits = res.requests(), res.limits()
+    assert requests["nvidia.com/gpu"].value == limits["nvidia.com/gpu"].value == spec.gpus
+    assert 0 < res.cpus < spec.vcpus
+    assert 0 < res.memory_gib < spec.memory_gib
+    if spec.efa_interfaces:
+        assert requests["vpc.amazonaws.com/efa"].value == spec.efa_interfaces
+        assert requests["hugepages-2Mi"].value == "5120Mi"
+        assert res.memory_gib + 5 < spec.memory_gib
+    else:
+        assert "vpc.amazonaws.com/efa" not in requests and "hugepages-2Mi" not in requests
+
+
+@pytest.mark.parametrize("instance_type", sorted(INSTANCE_TYPES))
+def test_network_env_follows_efa_and_rdma(instance_type: str) -> None:
+    spec = instance_spec(instance_type)
+    env = network_env(spec)
+    assert ("FI_PROVIDER" in env) == bool(spec.efa_interfaces)
+    assert env.get("FI_EFA_USE_DEVICE_RDMA") == ("1" if spec.gpudirect_rdma else None)
+    assert ("NCCL_NET" in env) == (not spec.efa_interfaces)
+
+
+def test_gib_quantities() -> None:
+    assert gib_quantity(64.0) == "64Gi"
+    assert gib_quantity(16) == "16Gi"
+    assert gib_quantity(0.5) == "512Mi"

@@ -1,0 +1,38 @@
+"""Every synthesized manifest passes kubernetes-validate --strict, oldest supported and newest schema."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+from kubernetes_validate.utils import latest_version
+
+VERSIONS = ("1.28.0", latest_version())
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_manifest_validates_strictly(synthesis, version: str) -> None:
+    failures = []
+    for name, docs in synthesis.manifests.items():
+        for doc in docs:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                where = "/".join(str(p) for p in exc.absolute_path)
+                failures.append(f"{name} {doc['kind']}/{doc['metadata']['name']} at {where}: {exc.message}")
+    assert not failures, "\n".join(failures)
+
+
+def test_newest_bundled_schema_is_checked() -> None:
+    assert VERSIONS[-1] != VERSIONS[0]
+
+
+def test_all_parts_are_synthesized(synthesis) -> None:
+    kinds = sorted(d["kind"] for d in synthesis.docs())
+    assert kinds == sorted(
+        ["Namespace", "ServiceAccount", "Job", "ConfigMap", "Service", "NetworkPolicy", "Job", "Pod"]
+    )
+
+
+def test_no_persistent_volume_objects(synthesis) -> None:
+    """The stack owns the FSx PV and PVC; manifests only mount the claim."""
+    assert not {"PersistentVolume", "PersistentVolumeClaim", "Secret"} & {d["kind"] for d in synthesis.docs()}

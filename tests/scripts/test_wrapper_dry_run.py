@@ -1,0 +1,161 @@
+"""`--dry-run` prints exactly the kubectl commands each command would run, and needs no cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scripts.nvrx_eks import main
+
+NS = "kubectl --namespace nvrx"
+PART_OF = "app.kubernetes.io/part-of=nvrx-eks"
+
+
+@pytest.fixture
+def run(outputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    """Run the wrapper in-process with --dry-run; returns (exit code, stdout lines, stderr)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-kubectl-here"))  # dry-run must not need kubectl
+
+    def call(*argv: str, outputs_path: Path | None = outputs) -> tuple[int, list[str], str]:
+        extra = ["--outputs", str(outputs_path)] if outputs_path else []
+        code = main([*argv, "--profile", "p5", *extra, "--dry-run"])
+        captured = capsys.readouterr()
+        return code, captured.out.splitlines(), captured.err
+
+    return call
+
+
+def test_submit(run, tmp_path: Path) -> None:
+    code, out, _ = run("submit", "--mode", "baseline", "--run-id", "r1")
+    assert code == 0
+    assert out == [
+        f"{NS} apply --filename dist/p5/10-common.yaml --filename dist/p5/30-train-r1.yaml",
+        "# run r1: baseline, 2x p5.48xlarge, /fsx/runs/r1",
+    ]
+    job = [d for d in yaml.safe_load_all((tmp_path / "dist/p5/30-train-r1.yaml").read_text()) if d["kind"] == "Job"]
+    assert job[0]["metadata"]["name"] == "train-r1"
+
+
+def test_submit_applies_the_namespace_when_the_stack_does_not_own_it(run, tmp_path: Path, outputs: Path) -> None:
+    stacks = json.loads(outputs.read_text())
+    del stacks["NvrxCluster"]["Namespace"]
+    other = tmp_path / "no-namespace.json"
+    other.write_text(json.dumps(stacks))
+    code, out, _ = run("submit", "--run-id", "r2", outputs_path=other)
+    assert code == 0
+    assert out[0] == f"{NS} apply --filename dist/p5/00-namespace.yaml"
+    assert out[1].endswith("--filename dist/p5/30-train-r2.yaml")
+
+
+def test_prepare_data(run) -> None:
+    code, out, _ = run("prepare-data", "--wait")
+    assert code == 0
+    assert out == [
+        f"{NS} delete job data-prep --ignore-not-found --wait=true",
+        f"{NS} apply --filename dist/p5/10-common.yaml --filename dist/p5/20-data-prep.yaml",
+        f"{NS} wait --for=condition=complete job/data-prep --timeout=2h",
+    ]
+
+
+def test_status_of_one_run_and_of_all(run) -> None:
+    code, out, _ = run("status", "--run-id", "r1")
+    assert code == 0 and len(out) == 2
+    assert out[0].startswith(f"{NS} get jobs --selector {PART_OF},app.kubernetes.io/component=train,nvrx-eks/run-id=r1 ")
+    assert "FAILED_PODS:.status.failed" in out[0]
+    assert out[1].startswith(f"{NS} get pods --selector {PART_OF},app.kubernetes.io/component=train,nvrx-eks/run-id=r1 ")
+    assert "RANK:.metadata.annotations.batch" in out[1] and "PHASE:.status.phase" in out[1]
+    code, out, _ = run("status")
+    assert code == 0 and "nvrx-eks/run-id" not in out[0]
+
+
+def test_logs_of_a_rank(run) -> None:
+    code, out, _ = run("logs", "--run-id", "r1", "--rank", "1", "--follow")
+    assert code == 0
+    assert out == [
+        f"{NS} logs --container trainer --follow "
+        f'"$({NS} get pods --selector nvrx-eks/run-id=r1,batch.kubernetes.io/job-completion-index=1 '
+        "--sort-by .metadata.creationTimestamp --output 'jsonpath={.items[-1:].metadata.name}')\""
+    ]
+
+
+def test_results(run, tmp_path: Path) -> None:
+    code, out, _ = run("results", "--run-id", "r1")
+    assert code == 0
+    assert out[:3] == [
+        f"{NS} apply --filename dist/p5/40-results-r1.yaml",
+        f"{NS} wait --for=condition=Ready pod/results-r1 --timeout=10m",
+        f"{NS} cp --container results results-r1:/fsx/runs/r1/results.json runs/r1/results.json",
+    ]
+    assert f"{NS} cp --container results results-r1:/fsx/runs/r1/report runs/r1/report" in out
+    assert out[-2] == f"{NS} delete pod results-r1 --ignore-not-found --wait=false"
+    assert not (tmp_path / "runs").exists()  # dry-run copies nothing
+    pod = yaml.safe_load((tmp_path / "dist/p5/40-results-r1.yaml").read_text())
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "fsx-claim", "readOnly": True}
+
+
+def test_stop(run) -> None:
+    code, out, _ = run("stop", "--run-id", "r1")
+    assert code == 0
+    assert out[0] == (
+        f"{NS} delete job train-r1 --cascade=foreground --wait=true --ignore-not-found --timeout=15m"
+    )
+
+
+def test_cleanup_deletes_fsx_users_first_and_keeps_namespace(run) -> None:
+    code, out, _ = run("cleanup")
+    assert code == 0
+    assert out == [
+        f"{NS} delete jobs --selector {PART_OF} --cascade=foreground --wait=true --ignore-not-found --timeout=15m",
+        f"{NS} delete pods --selector {PART_OF} --wait=true --ignore-not-found --timeout=15m",
+        f"{NS} delete networkpolicies,services,configmaps,serviceaccounts --selector {PART_OF} --ignore-not-found",
+        "# namespace 'nvrx' and the FSx claim are left to `cdk destroy`",
+    ]
+    targets = [line.split()[4] for line in out if line.startswith(NS)]
+    assert not any("namespace" in t or "persistentvolume" in t for t in targets)
+
+
+def test_synth_prints_the_manifests(run, tmp_path: Path) -> None:
+    code, out, _ = run("synth", "--mode", "inprocess", "--run-id", "r1")
+    assert code == 0
+    text = "\n".join(out)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert {d["kind"] for d in docs} == {"Namespace", "ServiceAccount", "Job", "ConfigMap", "Service", "NetworkPolicy", "Pod"}
+    assert "# 30-train-r1.yaml" in out
+    assert not (tmp_path / "dist").exists()
+
+
+def test_context_flag_is_passed_through(run) -> None:
+    code, out, _ = run("stop", "--run-id", "r1", "--context", "other")
+    assert code == 0 and out[0].startswith("kubectl --context other --namespace nvrx delete job train-r1 ")
+
+
+@pytest.mark.parametrize("command", ["logs", "results", "stop"])
+def test_dry_run_cannot_find_the_latest_run(run, command: str) -> None:
+    code, out, err = run(command)
+    assert code == 2 and out == []
+    assert err.strip() == "nvrx-eks: error: --dry-run cannot look up the latest run: pass --run-id"
+
+
+def test_missing_outputs_value_names_the_key(run) -> None:
+    code, out, err = run("submit", outputs_path=None)
+    assert code == 2 and out == []
+    assert len(err.strip().splitlines()) == 1
+    assert "missing required value 'EcrRepositoryUri'" in err
+
+
+def test_rank_out_of_range(run) -> None:
+    code, _, err = run("logs", "--run-id", "r1", "--rank", "2")
+    assert code == 2 and "--rank 2 is not a node rank of 2 nodes" in err
+
+
+def test_outputs_for_another_profile(run, tmp_path: Path, outputs: Path) -> None:
+    stacks = json.loads(outputs.read_text())
+    stacks["NvrxCluster"]["Region"] = "eu-west-1"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(stacks))
+    code, _, err = run("status", outputs_path=other)
+    assert code == 2 and "Region 'eu-west-1'" in err and "disagrees with profile 'p5'" in err

@@ -1,0 +1,24 @@
+"""ft_launcher's rank monitor: a heartbeat per step, so a dead or silent rank is restarted.
+
+The launcher's heartbeat timeouts are always set explicitly by `trainer.launch` (NVRx 0.6+ has
+no defaults); the initial one allows for model building and checkpoint loading. The client's
+state (timeouts it may have calculated) travels with every checkpoint.
+"""
+
+from __future__ import annotations
+
+from trainer.events import EventLog
+from trainer.train import Hooks
+
+
+def attach_heartbeat(hooks: Hooks, events: EventLog) -> None:
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    events.emit("ft_client_ready")
+    hooks.on_ready.append(client.send_heartbeat)
+    hooks.on_step.append(lambda step: client.send_heartbeat())
+    hooks.meta["ft_client"] = client.state_dict
+    hooks.on_restore["ft_client"] = client.load_state_dict
+    hooks.keep["ft_client"] = client

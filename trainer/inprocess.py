@@ -1,0 +1,95 @@
+"""In-process restart: NVRx's Wrapper re-enters the training function after a fault.
+
+The process, its CUDA context, the checkpoint writer and the host snapshot buffers survive; only
+the process group is rebuilt. Two details make it work for real:
+- the loop pings the wrapper every step, so a rank stuck in Python (a hang) goes stale and is
+  aborted after the soft timeout; NVRx's automatic progress stamp alone keeps ticking in Python;
+- the world may only shrink down to --min_world_size (default: not at all), so a lost process
+  ends the job with a clear error instead of training on with a different batch.
+"""
+
+# No `from __future__ import annotations`: NVRx finds the CallWrapper parameter by its real annotation.
+
+import os
+from datetime import timedelta
+from typing import Optional
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.events import EventLog
+from trainer.launch import INPROCESS_PORT_ENV
+from trainer.nvrx_compat import NVRX_VERSION
+from trainer.parallel import DistEnv, dist_env
+from trainer.train import Hooks, run
+
+
+def _record_abort(events: EventLog):
+    from nvidia_resiliency_ext.inprocess.abort import Abort
+
+    class RecordAbort(Abort):
+        """Stamps the moment the wrapper decided to restart (detection)."""
+
+        def __call__(self, state):
+            events.emit("abort", iteration=state.iteration, sync=True)
+            return state
+
+    return RecordAbort()
+
+
+def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
+    import nvidia_resiliency_ext.inprocess as inprocess
+    from nvidia_resiliency_ext.inprocess.abort import AbortTorchDistributed
+
+    checks = [inprocess.health_check.FaultCounter(max_rank_faults=cfg.inprocess_max_restarts)]
+    if env.device.type == "cuda":
+        checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=timedelta(seconds=30)))
+    health = inprocess.Compose(*checks) if len(checks) > 1 else checks[0]
+    base_port = int(os.environ.get(INPROCESS_PORT_ENV, int(os.environ.get("MASTER_PORT", 29500)) + 1))
+    min_world = cfg.min_world_size or env.world_size
+    wrapper = inprocess.Wrapper(
+        store_kwargs={"port": base_port, "timeout": timedelta(seconds=cfg.barrier_timeout)},
+        initialize=inprocess.initialize.RetryController(
+            max_iterations=cfg.inprocess_max_restarts + 1, min_world_size=min_world),
+        abort=inprocess.Compose(AbortTorchDistributed(), _record_abort(events)),
+        health_check=health,
+        rank_assignment=inprocess.Compose(inprocess.rank_assignment.ActivateAllRanks(),
+                                          inprocess.rank_assignment.ShiftRanks()),
+        soft_timeout=timedelta(seconds=cfg.soft_timeout),
+        hard_timeout=timedelta(seconds=cfg.hard_timeout),
+        heartbeat_timeout=timedelta(seconds=min(30.0, cfg.barrier_timeout / 2)),
+        barrier_timeout=timedelta(seconds=cfg.barrier_timeout),
+        completion_timeout=timedelta(seconds=cfg.completion_timeout),
+    )
+    if NVRX_VERSION >= (0, 5) and env.device.type != "cuda":
+        wrapper.restart_health_check = health  # 0.5+ adds NVML GPU checks that fail on CPU ranks
+    return wrapper, base_port
+
+
+def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
+                  hooks: Optional[Hooks] = None) -> dict:
+    """Train under the in-process Wrapper; returns the successful attempt's summary."""
+    import nvidia_resiliency_ext.inprocess as inprocess
+
+    wrapper, base_port = build_wrapper(cfg, env0, events)
+    base = hooks or Hooks()
+
+    def attempt(call_wrapper: Optional[inprocess.CallWrapper] = None) -> dict:
+        env = dist_env(cfg.device)  # ranks may have been reassigned
+        events.rank = env.rank
+        iteration = call_wrapper.iteration if call_wrapper else 0
+        events.emit("attempt_start", iteration=iteration)
+        store = base.keep.get("app_store")
+        if store is None:
+            store = torch.distributed.TCPStore(
+                os.environ["MASTER_ADDR"], base_port + 1, env.world_size, env.rank == 0,
+                timeout=timedelta(seconds=cfg.barrier_timeout), wait_for_workers=False,
+                multi_tenant=True)
+            base.keep["app_store"] = store
+        hooks = Hooks(store=torch.distributed.PrefixStore(f"attempt{iteration}", store),
+                      iteration=iteration, on_step=[*base.on_step, lambda step: call_wrapper.ping()],
+                      on_ready=base.on_ready, meta=base.meta, on_restore=base.on_restore,
+                      keep=base.keep)
+        return run(cfg, env, events, hooks)
+
+    return wrapper(attempt)()

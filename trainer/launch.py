@@ -1,0 +1,111 @@
+"""The command each node runs: torchrun or ft_launcher, spelled for the installed NVRx.
+
+Used inside the training pods (`python -m trainer.launch ... -- <trainer flags>`) and by the
+local runner, so the cluster and a laptop start workers the same way.
+
+Ports from --master_port P: P the launcher's rendezvous store, P+1 the in-process wrapper's
+store, P+2.. the per-attempt stores of in-process restarts (one per attempt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from trainer.config import MODES
+
+INPROCESS_PORT_ENV = "NVRX_EKS_INPROCESS_PORT"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    mode: str
+    nnodes: int
+    nproc_per_node: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    max_restarts: int = 20
+    heartbeat_timeout: float = 300.0
+    initial_heartbeat_timeout: float = 1200.0
+    monitor_interval: float = 5.0
+    rdzv_id: str = "nvrx-eks"
+
+
+def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
+    """argv for this node's launcher; the trainer gets `--mode` from the spec."""
+    py = sys.executable
+    if spec.mode.startswith("ft_launcher"):
+        from trainer.nvrx_compat import ft_launcher_flags
+
+        launcher = [py, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher",
+                    f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.nproc_per_node}",
+                    "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.master_addr}:{spec.master_port}",
+                    f"--rdzv-id={spec.rdzv_id}",
+                    *ft_launcher_flags(spec.max_restarts, spec.heartbeat_timeout,
+                                       spec.initial_heartbeat_timeout, spec.monitor_interval)]
+    else:
+        # baseline and in-process alone: a process death ends the job; the Job (or the local
+        # supervisor) restarts everything, like the published Kubernetes baseline.
+        launcher = [py, "-m", "torch.distributed.run", f"--nnodes={spec.nnodes}",
+                    f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
+                    f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
+                    "--max-restarts=0", f"--monitor-interval={min(spec.monitor_interval, 1.0):g}"]
+    return [*launcher, "-m", "trainer", "--mode", spec.mode, *trainer_args]
+
+
+def launch_env(spec: LaunchSpec, base: Optional[dict] = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    env[INPROCESS_PORT_ENV] = str(spec.master_port + 1)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the stores' polling warnings drown the log
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    return env
+
+
+def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
+    argv = list(argv)
+    trainer_args = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, trainer_args = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="python -m trainer.launch",
+                                description="Start this node's workers under the chosen recovery mode.")
+    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--nproc_per_node", type=int, required=True)
+    p.add_argument("--node_rank", type=int, required=True)
+    p.add_argument("--master_addr", required=True)
+    p.add_argument("--master_port", type=int, default=29500)
+    p.add_argument("--max_restarts", type=int, default=20)
+    p.add_argument("--heartbeat_timeout", type=float, default=300.0)
+    p.add_argument("--initial_heartbeat_timeout", type=float, default=1200.0)
+    p.add_argument("--monitor_interval", type=float, default=5.0)
+    p.add_argument("--rdzv_id", default="nvrx-eks")
+    a = p.parse_args(argv)
+    for name in ("nnodes", "nproc_per_node"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} {getattr(a, name)} must be at least 1")
+    if not 0 <= a.node_rank < a.nnodes:
+        p.error(f"--node_rank {a.node_rank} must be in [0, {a.nnodes})")
+    if "--mode" in trainer_args:
+        p.error("pass --mode to the launcher only; it forwards it to the trainer")
+    return LaunchSpec(**vars(a)), trainer_args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    spec, trainer_args = parse(sys.argv[1:] if argv is None else argv)
+    from trainer.config import parse_args
+
+    parse_args([*trainer_args, "--mode", spec.mode])  # bad trainer flags fail here, exit 2
+    cmd = build_command(spec, trainer_args)
+    print("launch:", " ".join(cmd), flush=True)
+    os.execvpe(cmd[0], cmd, launch_env(spec))
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""`python -m trainer.local`: a multi-rank job on this machine, in any recovery mode.
+
+Starts one launcher per (simulated) node exactly as the training pods do, and plays the
+Kubernetes Job where the mode relies on it: when a launcher fails, every launcher is stopped and
+the whole job restarts after a backoff, up to --job_restarts times (the Job's backoffLimit).
+
+    python -m trainer.local --mode inprocess --nproc_per_node 2 -- --max_steps 200 ...
+    (trainer flags may also follow without the `--`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from trainer.config import MODES
+from trainer.events import EventLog
+from trainer.launch import LaunchSpec, build_command, launch_env
+
+
+def free_port_block(count: int = 4) -> int:
+    """A port P with P..P+count-1 free (rendezvous, wrapper store, per-attempt stores)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        ok = True
+        for p in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free block of ports on 127.0.0.1")
+
+
+def _flag(args: Sequence[str], name: str) -> Optional[str]:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="python -m trainer.local", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=MODES, default="baseline")
+    p.add_argument("--nproc_per_node", type=int, default=2)
+    p.add_argument("--nnodes", type=int, default=1, help="simulated nodes, each its own launcher")
+    p.add_argument("--run_dir", help="default: runs/<mode>-<time>")
+    p.add_argument("--job_restarts", type=int, default=None,
+                   help="whole-job restarts after a failure (default 10 for baseline, else 0)")
+    p.add_argument("--backoff_seconds", type=float, default=1.0,
+                   help="first restart delay; doubles each time like a Job's, capped at 30 s")
+    p.add_argument("--max_restarts", type=int, default=10, help="ft_launcher worker restarts")
+    p.add_argument("--heartbeat_timeout", type=float, default=15.0)
+    p.add_argument("--initial_heartbeat_timeout", type=float, default=120.0)
+    p.add_argument("--monitor_interval", type=float, default=1.0)
+    p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0: never)")
+    args, rest = p.parse_known_args(argv)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    for name in ("nproc_per_node", "nnodes"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} {getattr(args, name)} must be at least 1")
+    if args.job_restarts is None:
+        args.job_restarts = 10 if args.mode == "baseline" else 0
+    return args, rest
+
+
+def _trainer_args(args: argparse.Namespace, rest: list[str], run_dir: Path) -> list[str]:
+    out = list(rest)
+    if _flag(out, "--checkpoint_dir") is None:
+        out += ["--checkpoint_dir", str(run_dir / "checkpoints")]
+    if _flag(out, "--results_path") is None:
+        out += ["--results_path", str(run_dir / "results.json")]
+    return out
+
+
+def _start(args, trainer_args: list[str], run_dir: Path, port: int, attempt: int) -> list[subprocess.Popen]:
+    procs = []
+    for node in range(args.nnodes):
+        node_args = list(trainer_args)
+        if args.nnodes > 1 and _flag(node_args, "--node_dir") is None:
+            node_args += ["--node_dir", str(run_dir / "nodes" / f"node{node}")]
+        spec = LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, node, "127.0.0.1", port,
+                          args.max_restarts, args.heartbeat_timeout, args.initial_heartbeat_timeout,
+                          args.monitor_interval, rdzv_id=f"local-{port}-{attempt}")
+        log = open(run_dir / f"node{node}.log", "ab")
+        procs.append(subprocess.Popen(build_command(spec, node_args), env=launch_env(spec),
+                                      stdout=None if node == 0 else log, stderr=subprocess.STDOUT
+                                      if node else None, start_new_session=True))
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.time() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
+    """Run the job; restart all of it after a failure, as a Kubernetes Job would."""
+    events = EventLog(Path(_flag(trainer_args, "--results_path")).parent / "events.jsonl", rank=-1)
+    started = time.time()
+    backoff = args.backoff_seconds
+    for attempt in range(args.job_restarts + 1):
+        port = free_port_block()
+        procs = _start(args, trainer_args, run_dir, port, attempt)
+        failed = None
+        try:
+            while failed is None and any(p.poll() is None for p in procs):
+                failed = next((p for p in procs if p.poll() not in (None, 0)), None)
+                if args.timeout and time.time() - started > args.timeout:
+                    _stop(procs)
+                    print(f"trainer.local: error: job did not finish within {args.timeout:g} s",
+                          file=sys.stderr)
+                    return 1
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            _stop(procs)
+            return 130
+        if failed is None:
+            return 0
+        events.emit("worker_failed", sync=True, attempt=attempt, exit_code=failed.returncode)
+        _stop(procs)
+        if attempt == args.job_restarts:
+            break
+        print(f"trainer.local: a launcher exited with {failed.returncode}; restarting the whole "
+              f"job in {backoff:g} s (restart {attempt + 1} of {args.job_restarts})", flush=True)
+        time.sleep(backoff)
+        backoff = min(30.0, backoff * 2)
+    print(f"trainer.local: error: mode {args.mode} could not recover (a launcher exited with "
+          f"{failed.returncode}; {args.job_restarts} whole-job restarts allowed)", file=sys.stderr)
+    return 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args, rest = parse(sys.argv[1:] if argv is None else argv)
+    from trainer.config import parse_args
+
+    run_dir = Path(args.run_dir or f"runs/{args.mode.replace('+', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    trainer_args = _trainer_args(args, rest, run_dir)
+    parse_args([*trainer_args, "--mode", args.mode], prog="python -m trainer.local")  # exit 2 if bad
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rc = supervise(args, trainer_args, run_dir)
+    results = Path(_flag(trainer_args, "--results_path"))
+    if rc == 0 and results.is_file():
+        r = json.loads(results.read_text())
+        print(f"{args.mode}: training goodput {r['training_goodput_pct']:.1f}%, infra goodput "
+              f"{r['infra_goodput_pct']:.1f}%, {len(r['faults'])} faults, results in {results}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
