@@ -89,7 +89,9 @@ class RecoverySettings(_Strict):
     hard_timeout_s: float = Field(default=90.0, gt=0)
     barrier_timeout_s: float = Field(default=120.0, gt=0)
     completion_timeout_s: float = Field(default=120.0, gt=0)
-    nccl_timeout_s: float = Field(default=120.0, gt=0)
+    # Below hard_timeout_s: in in-process modes the trainer requires a hung collective to time out
+    # (and raise) before the Wrapper's hard timeout kills the rank; 60 s as in the published example.
+    nccl_timeout_s: float = Field(default=60.0, gt=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> "RecoverySettings":

@@ -10,8 +10,17 @@ import aws_cdk as cdk
 from constructs import IConstruct
 
 
+MIN_REASON_CHARS = 40
+
+
 def acknowledge(scope: IConstruct, *findings: tuple[str, str]) -> None:
-    """Acknowledge `(finding id, reason)` pairs on `scope` and everything below it."""
+    """Acknowledge `(finding id, reason)` pairs on `scope` and everything below it.
+
+    A reason must say why the finding does not apply here; a one-word excuse is refused.
+    """
+    for finding, reason in findings:
+        if len(reason.strip()) < MIN_REASON_CHARS:
+            raise ValueError(f"acknowledgement of {finding} needs a real reason, got {reason!r}")
     cdk.Validations.of(scope).acknowledge(
         *(cdk.Acknowledgment(id=finding, reason=reason) for finding, reason in findings)
     )

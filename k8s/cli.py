@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from config import RECOVERY_MODES, ProfileError, load_profile
 from k8s import synth
@@ -28,15 +29,13 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
         help="CDK outputs file (default: ./cdk-outputs.json when it exists)",
     )
     parser.add_argument("--run-id", help="run directory and object names (default: <mode>-<UTC time>)")
-    parser.add_argument(
-        "--tokenizer", default=DEFAULT_TOKENIZER, help="data prep tokenizer: a model dir or 'byte'"
-    )
+    parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="data prep tokenizer: a model dir or 'byte'")
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
     """Profile + outputs + flags -> Deployment; raises SynthError/ProfileError on bad input."""
     profile = load_profile(args.profile)
-    outputs_path: Optional[Path | str] = args.outputs or default_outputs_path()
+    outputs_path: Path | str | None = args.outputs or default_outputs_path()
     return resolve(
         profile,
         load_outputs(outputs_path),
@@ -55,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         dep = deployment_from_args(args)

@@ -68,6 +68,7 @@ def trainer_argv(dep: Deployment) -> list[str]:
         "--hard_timeout", fmt(rec.hard_timeout_s),
         "--barrier_timeout", fmt(rec.barrier_timeout_s),
         "--completion_timeout", fmt(rec.completion_timeout_s),
+        "--inprocess_max_restarts", str(rec.max_restarts),
         "--nccl_timeout", fmt(rec.nccl_timeout_s),
         "--snapshot_interval", str(tiers.snapshot_interval),
         "--tiers", ",".join(tiers.tiers),

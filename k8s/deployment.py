@@ -35,7 +35,7 @@ class Deployment:
     image: str
     namespace: str
     fsx_claim: str
-    node_local_host_dir: Optional[str]  # NodeLocalDir from the outputs; None unless node_dir == nvme
+    node_local_host_dir: str | None  # NodeLocalDir from the outputs; None unless node_dir == nvme
     namespace_owned_by_stack: bool
     tokenizer: str = DEFAULT_TOKENIZER
 
@@ -90,7 +90,7 @@ class Deployment:
         return f"{self.fsx_mount}/data/c4"
 
     @property
-    def node_local_host_path(self) -> Optional[str]:
+    def node_local_host_path(self) -> str | None:
         """The run's own subdirectory of the instance-store RAID, so runs never share snapshots."""
         if self.node_local_host_dir is None:
             return None
@@ -111,13 +111,16 @@ def _check_mode(mode: str) -> str:
 
 
 def _check_timeouts(profile: Profile, mode: str) -> None:
-    """NVRx in-process restart needs the NCCL watchdog to outlast the Wrapper's hard timeout."""
+    """In in-process modes a collective stuck on a dead peer must time out and raise (the pods run
+    with TORCH_NCCL_ASYNC_ERROR_HANDLING=2, so the watchdog aborts the communicator without
+    killing the process) before the Wrapper's hard timeout kills the rank. The trainer rejects
+    the opposite order at start-up with exit code 2; catching it here saves a failed Job."""
     rec = profile.recovery
-    if mode in IN_PROCESS_MODES and rec.nccl_timeout_s <= rec.hard_timeout_s:
+    if mode in IN_PROCESS_MODES and rec.nccl_timeout_s >= rec.hard_timeout_s:
         raise SynthError(
-            f"profile {profile.name!r}: recovery.nccl_timeout_s {rec.nccl_timeout_s:g} must exceed "
-            f"recovery.hard_timeout_s {rec.hard_timeout_s:g} in mode {mode!r} (else the NCCL "
-            "watchdog kills the process before the in-process restart can act)"
+            f"profile {profile.name!r}: recovery.nccl_timeout_s {rec.nccl_timeout_s:g} must be below "
+            f"recovery.hard_timeout_s {rec.hard_timeout_s:g} in mode {mode!r} (a rank blocked in a "
+            "collective must get its NCCL error before the in-process hard timeout kills it)"
         )
 
 
@@ -142,18 +145,16 @@ def _image(profile: Profile, out: StackOutputs) -> str:
 def resolve(
     profile: Profile,
     out: StackOutputs,
-    mode: Optional[str] = None,
-    run_id: Optional[str] = None,
+    mode: str | None = None,
+    run_id: str | None = None,
     tokenizer: str = DEFAULT_TOKENIZER,
-    now: Optional[datetime] = None,
+    now: datetime | None = None,
 ) -> Deployment:
     """Combine profile, outputs and CLI choices; raise SynthError naming the first bad value."""
     chosen_mode = _check_mode(mode or profile.recovery.mode)
     _check_timeouts(profile, chosen_mode)
     check_outputs_match(profile, out)
-    rid = naming.validate_run_id(
-        run_id or naming.default_run_id(chosen_mode, now), profile.node_count
-    )
+    rid = naming.validate_run_id(run_id or naming.default_run_id(chosen_mode, now), profile.node_count)
     node_local = None
     if profile.tiers.node_dir == "nvme":
         node_local = out.require(outputs.NODE_LOCAL_DIR, "tiers.node_dir is 'nvme'")

@@ -56,7 +56,8 @@ def recovery_env(dep: Deployment) -> dict[str, str]:
     env = {
         # 3: tear the process down on a NCCL error/timeout (Job or launcher restarts it);
         # 2: only abort the communicator, so the error surfaces as an exception that the
-        #    in-process Wrapper catches and restarts from.
+        #    in-process Wrapper catches and restarts from (NVRx's "watchdog must not kill the
+        #    process before hard_timeout" holds even though nccl_timeout < hard_timeout).
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2" if dep.uses_in_process else "3",
         "TORCH_NCCL_ENABLE_MONITORING": "1",
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(heartbeat),

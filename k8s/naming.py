@@ -7,7 +7,7 @@ taint, hugepages) cannot drift apart.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 
 from k8s.errors import SynthError
 
@@ -50,8 +50,8 @@ TRAINER_CONTAINER = "trainer"
 
 # Ports between training pods (contract with the trainer's launcher).
 RENDEZVOUS_PORT = 29500  # torchrun / ft_launcher rendezvous and TCPStore
-APP_STORE_PORT = 29501  # in-process restart: application TCPStore (MASTER_PORT + 1)
-WRAPPER_STORE_PORT = 29502  # in-process restart: Wrapper's TCPStore (MASTER_PORT + 2)
+INPROCESS_WRAPPER_PORT = 29501  # in-process restart: the NVRx Wrapper's store (MASTER_PORT + 1)
+INPROCESS_APP_PORT = 29502  # in-process restart: the per-attempt application store (MASTER_PORT + 2)
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_LABEL_MAX = 63
@@ -66,7 +66,7 @@ def mode_slug(mode: str) -> str:
 
 def default_run_id(mode: str, now: datetime | None = None) -> str:
     """Mode plus UTC timestamp: unique per submission and sortable, so runs never share a directory."""
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
     return f"{mode_slug(mode)}-{stamp}"
 
 
@@ -74,8 +74,7 @@ def validate_run_id(run_id: str, node_count: int) -> str:
     """Reject run ids that would make an invalid Job, Service or pod hostname (`<job>-<index>`)."""
     if not _DNS_LABEL.fullmatch(run_id):
         raise SynthError(
-            f"run id {run_id!r} must be lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit"
+            f"run id {run_id!r} must be lowercase letters, digits and '-', starting and ending with a letter or digit"
         )
     hostname = f"{train_job_name(run_id)}-{node_count - 1}"
     if len(hostname) > _DNS_LABEL_MAX:

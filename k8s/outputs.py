@@ -7,9 +7,10 @@ stacks report with different values is an error (the file mixes two deployments)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
 from k8s.errors import SynthError
 
@@ -30,9 +31,9 @@ class StackOutputs:
     """Merged stack outputs, and where they came from (for error messages)."""
 
     values: Mapping[str, str] = field(default_factory=dict)
-    source: Optional[Path] = None
+    source: Path | None = None
 
-    def get(self, key: str) -> Optional[str]:
+    def get(self, key: str) -> str | None:
         value = self.values.get(key)
         return value if value else None
 
@@ -70,7 +71,7 @@ def merge_stacks(data: object, source: Path) -> dict[str, str]:
     return merged
 
 
-def load_outputs(path: Optional[str | Path]) -> StackOutputs:
+def load_outputs(path: str | Path | None) -> StackOutputs:
     """Read and merge an outputs file; None means no file (only the profile is used)."""
     if path is None:
         return StackOutputs()
@@ -84,7 +85,7 @@ def load_outputs(path: Optional[str | Path]) -> StackOutputs:
     return StackOutputs(merge_stacks(data, source), source)
 
 
-def default_outputs_path(cwd: Path | None = None) -> Optional[Path]:
+def default_outputs_path(cwd: Path | None = None) -> Path | None:
     """`cdk-outputs.json` in the working directory when it exists, so one command is enough."""
     candidate = (cwd or Path.cwd()) / DEFAULT_OUTPUTS_FILE
     return candidate if candidate.is_file() else None

@@ -13,7 +13,7 @@ DAC_OVERRIDE only) creates the directories a non-root container writes and hands
 from __future__ import annotations
 
 import shlex
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from cdk8s_plus_33 import k8s
 

@@ -31,7 +31,7 @@ class PodResources:
 
     gpus: int
     efa: int
-    hugepages: Optional[str]
+    hugepages: str | None
     cpus: int
     memory_gib: int
 

@@ -40,9 +40,7 @@ def pod_failure_policy() -> k8s.PodFailurePolicy:
         rules=[
             k8s.PodFailurePolicyRule(
                 action="Ignore",
-                on_pod_conditions=[
-                    k8s.PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")
-                ],
+                on_pod_conditions=[k8s.PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")],
             ),
             k8s.PodFailurePolicyRule(
                 action="FailJob",

@@ -6,8 +6,8 @@ File names carry an order prefix (namespace, shared objects, data prep, the run,
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import cdk8s
 import yaml

@@ -34,10 +34,10 @@ class Kubectl:
     """kubectl bound to one namespace (and optionally one context)."""
 
     namespace: str
-    context: Optional[str] = None
+    context: str | None = None
     dry_run: bool = False
     binary: str = "kubectl"
-    out: Optional[TextIO] = None  # None: the current sys.stdout
+    out: TextIO | None = None  # None: the current sys.stdout
 
     def argv(self, *args: str) -> list[str]:
         base = [self.binary]
@@ -69,12 +69,10 @@ class Kubectl:
             raise KubectlFailed(argv, proc.returncode, proc.stderr)
         return proc.stdout
 
-    def preflight(self, cluster_name: Optional[str], kubeconfig_hint: str) -> None:
+    def preflight(self, cluster_name: str | None, kubeconfig_hint: str) -> None:
         """kubectl on PATH, a usable context, and (when known) the stack's cluster behind it."""
         if shutil.which(self.binary) is None:
-            raise WrapperError(
-                f"{self.binary} not found on PATH: install kubectl, then run `{kubeconfig_hint}`"
-            )
+            raise WrapperError(f"{self.binary} not found on PATH: install kubectl, then run `{kubeconfig_hint}`")
         proc = subprocess.run([self.binary, "config", "view", "-o", "json"], capture_output=True, text=True)
         if proc.returncode != 0:
             raise WrapperError(f"cannot read the kubeconfig ({proc.stderr.strip()}); run `{kubeconfig_hint}`")

@@ -18,9 +18,10 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 from config import Profile, ProfileError, load_profile
 from k8s import naming, outputs, synth
@@ -74,7 +75,7 @@ class Session:
     def outdir(self) -> Path:
         return self.args.outdir or Path("dist") / self.profile.name
 
-    def deployment(self, run_id: Optional[str] = None) -> Deployment:
+    def deployment(self, run_id: str | None = None) -> Deployment:
         return resolve(
             self.profile,
             self.outputs,
@@ -122,7 +123,9 @@ def cmd_submit(s: Session) -> int:
     if not dep.namespace_owned_by_stack:
         s.kubectl.run("apply", "--filename", str(files[synth.NAMESPACE]))
     s.kubectl.run("apply", "--filename", str(files[synth.COMMON]), "--filename", str(files[synth.TRAIN]))
-    s.kubectl.show(f"# run {dep.run_id}: {dep.mode}, {dep.profile.node_count}x {dep.profile.instance_type}, {dep.run_dir}")
+    s.kubectl.show(
+        f"# run {dep.run_id}: {dep.mode}, {dep.profile.node_count}x {dep.profile.instance_type}, {dep.run_dir}"
+    )
     return 0
 
 
@@ -192,7 +195,9 @@ def cmd_results(s: Session) -> int:
                 s.kubectl.show(f"# {name} not found in {dep.run_dir}; skipped")
     finally:
         s.kubectl.run("delete", "pod", pod, "--ignore-not-found", "--wait=false")
-    s.kubectl.show(f"# results of {dep.run_id} in {dest}/ (report: python -m trainer.report {dest}/results.json --out {dest}/report)")
+    s.kubectl.show(
+        f"# results of {dep.run_id} in {dest}/ (report: python -m trainer.report {dest}/results.json --out {dest}/report)"
+    )
     return 0
 
 
@@ -215,8 +220,22 @@ def cmd_cleanup(s: Session) -> int:
         "delete", "jobs", "--selector", PART_OF_SELECTOR,
         "--cascade=foreground", "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}",
     )  # fmt: skip
-    k.run("delete", "pods", "--selector", PART_OF_SELECTOR, "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}")
-    k.run("delete", "networkpolicies,services,configmaps,serviceaccounts", "--selector", PART_OF_SELECTOR, "--ignore-not-found")
+    k.run(
+        "delete",
+        "pods",
+        "--selector",
+        PART_OF_SELECTOR,
+        "--wait=true",
+        "--ignore-not-found",
+        f"--timeout={DELETE_TIMEOUT}",
+    )
+    k.run(
+        "delete",
+        "networkpolicies,services,configmaps,serviceaccounts",
+        "--selector",
+        PART_OF_SELECTOR,
+        "--ignore-not-found",
+    )
     k.show(f"# namespace {s.profile.namespace!r} and the FSx claim are left to `cdk destroy`")
     return 0
 
@@ -297,7 +316,7 @@ def open_session(args: argparse.Namespace) -> Session:
     return Session(args, profile, out, kubectl)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](open_session(args))

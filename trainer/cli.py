@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -23,7 +22,7 @@ def events_path(cfg: TrainConfig) -> Optional[Path]:
 def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) -> dict:
     from trainer.events import read_events
     from trainer.goodput import summarize
-    from trainer.staging import write_json_atomic
+    from trainer.atomic import write_json_atomic
 
     results = {"mode": cfg.mode}
     if events_file is not None:
@@ -39,7 +38,6 @@ def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*pynvml.*")
     import torch.distributed as dist
 
     from trainer.events import EventLog

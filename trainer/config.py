@@ -229,6 +229,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(not cfg.tiers or cfg.checkpoint_dir is not None, "--tiers needs --checkpoint_dir")
     need(cfg.fault_count == 0 or cfg.checkpoint_dir is not None,
          "fault injection needs --checkpoint_dir (the fault record is kept there)")
+    if cfg.resume == "required":
+        from trainer.store import CheckpointStore
+
+        need(CheckpointStore(cfg.checkpoint_dir).latest_step() is not None,
+             f"--resume required, but {cfg.checkpoint_dir} holds no complete checkpoint")
     from trainer.model import PRESETS, is_model_reference  # light import: no torch
 
     need(is_model_reference(cfg.model),

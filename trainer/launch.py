@@ -62,6 +62,7 @@ def launch_env(spec: LaunchSpec, base: Optional[dict] = None) -> dict:
     env[INPROCESS_PORT_ENV] = str(spec.master_port + 1)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the stores' polling warnings drown the log
+    env.setdefault("PYTHONWARNINGS", "ignore:The pynvml package is deprecated:FutureWarning")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     return env
 

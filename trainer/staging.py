@@ -8,8 +8,6 @@ One flat buffer per rank, file-backed (`/dev/shm` by default) and mapped shared,
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -115,25 +113,6 @@ class HostBuffer:
         self.flat = None  # type: ignore[assignment]
         if unlink:
             self.path.unlink(missing_ok=True)
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    """Write JSON so that readers see the old file or the complete new one, never a torn one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def total_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-
-from trainer.staging import Layout, fsync_dir, map_file, write_json_atomic
+from trainer.atomic import fsync_dir, write_json_atomic
 
 STEP_DIR = re.compile(r"step_(\d{8})")
 MANIFEST = "MANIFEST.json"
@@ -109,6 +107,10 @@ def write_shard(req: ShardWrite) -> dict:
 
     Runs in NVRx's persistent checkpoint worker (async) or inline (sync).
     """
+    import torch
+
+    from trainer.staging import Layout, map_file
+
     _die_with_parent()
     t0 = time.time()
     out = Path(req.out_dir)
@@ -134,7 +136,7 @@ def write_shard(req: ShardWrite) -> dict:
 
 @dataclass
 class LoadedShard:
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, "torch.Tensor"]
     meta: dict
     layout: dict
     bytes: int
@@ -237,6 +239,8 @@ class CheckpointStore:
 
     # -- load --------------------------------------------------------------------------------
     def load_shard(self, path: Path, manifest: dict, rank: int, verify: bool = True) -> LoadedShard:
+        import torch
+
         entry = manifest["shards"][rank]
         f = path / entry["file"]
         if verify:

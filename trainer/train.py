@@ -125,6 +125,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
             meta = ckpt.restore(model, optimizer, required=cfg.resume == "required")
             if meta is not None:
                 step = int(meta["step"])
+                ckpt.last_saved_step = step  # never rewrite the checkpoint we resumed from
                 sampler.load_state_dict(meta["sampler"])
                 set_rng_state(meta["rng"], env.device)
                 for key, fn in hooks.on_restore.items():

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 from cdk8s_plus_33 import k8s
 
 
-def meta(name: str, labels: Mapping[str, str], namespace: Optional[str] = None) -> k8s.ObjectMeta:
+def meta(name: str, labels: Mapping[str, str], namespace: str | None = None) -> k8s.ObjectMeta:
     return k8s.ObjectMeta(name=name, namespace=namespace, labels=dict(labels))

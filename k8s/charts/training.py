@@ -22,8 +22,8 @@ from k8s.resources import check_memory_budget, gib_quantity, training_resources
 TERMINATION_GRACE_S = 120
 PORTS = (
     ("rendezvous", naming.RENDEZVOUS_PORT),
-    ("app-store", naming.APP_STORE_PORT),
-    ("wrapper-store", naming.WRAPPER_STORE_PORT),
+    ("inproc-wrapper", naming.INPROCESS_WRAPPER_PORT),
+    ("inproc-app", naming.INPROCESS_APP_PORT),
 )
 
 
@@ -70,12 +70,9 @@ class TrainingChart(Chart):
         """Headless, and publishing not-ready pods: DNS for `<job>-<i>.<job>` exists as soon as a
         pod has an IP, before any readiness, so peers can rendezvous immediately."""
         ports = [
-            k8s.ServicePort(name=name, port=port, target_port=k8s.IntOrString.from_number(port))
-            for name, port in PORTS
+            k8s.ServicePort(name=name, port=port, target_port=k8s.IntOrString.from_number(port)) for name, port in PORTS
         ]
-        spec = k8s.ServiceSpec(
-            cluster_ip="None", publish_not_ready_addresses=True, selector=self.selector, ports=ports
-        )
+        spec = k8s.ServiceSpec(cluster_ip="None", publish_not_ready_addresses=True, selector=self.selector, ports=ports)
         k8s.KubeService(self, "service", metadata=self._meta(), spec=spec)
 
     def _network_policy(self) -> None:

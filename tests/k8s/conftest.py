@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import pytest
@@ -90,7 +90,7 @@ def run_id_for(profile: str, mode: str) -> str:
     return f"{mode.replace('_', '-').replace('+', '-')}-{profile}-test"
 
 
-@lru_cache(maxsize=None)
+@cache
 def synthesized(profile: str, mode: str) -> Synthesis:
     """Synthesize once per (profile, mode) for the whole session."""
     prof = load_profile(profile)

@@ -68,9 +68,7 @@ def test_only_the_trainer_extra_is_installed() -> None:
 
 
 def test_dockerignore_allows_only_the_build_inputs() -> None:
-    lines = [
-        line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")
-    ]
+    lines = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert lines[0] == "*"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
     assert allowed == {"pyproject.toml", "README.md", "config", "trainer"}

@@ -120,9 +120,12 @@ def test_gpu_node_selection_and_toleration(synthesis) -> None:
         "nvrx-eks/node-group": "gpu",
         "node.kubernetes.io/instance-type": synthesis.dep.profile.instance_type,
     }
-    assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in synthesis.pod_spec[
-        "tolerations"
-    ]
+    assert {
+        "key": "nvidia.com/gpu",
+        "operator": "Equal",
+        "value": "true",
+        "effect": "NoSchedule",
+    } in synthesis.pod_spec["tolerations"]
 
 
 def test_fsx_claim_mounted_at_profile_path(synthesis) -> None:

@@ -49,9 +49,7 @@ def stack_outputs(profile_name: str) -> dict[str, dict[str, str]]:
 
 
 def kubeconfig(context: str = "ctx", cluster: str = "arn:aws:eks:us-east-2:123456789012:cluster/nvrx-p5") -> str:
-    return json.dumps(
-        {"current-context": context, "contexts": [{"name": context, "context": {"cluster": cluster}}]}
-    )
+    return json.dumps({"current-context": context, "contexts": [{"name": context, "context": {"cluster": cluster}}]})
 
 
 @dataclass

@@ -89,7 +89,12 @@ def test_logs_finds_latest_run_and_newest_pod(run, fake_kubectl, monkeypatch: py
     assert code == 0
     calls = verbs(fake_kubectl.calls())
     assert calls[0][:2] == ["get", "jobs"]
-    assert calls[1][:4] == ["get", "pods", "--selector", "nvrx-eks/run-id=new,batch.kubernetes.io/job-completion-index=1"]
+    assert calls[1][:4] == [
+        "get",
+        "pods",
+        "--selector",
+        "nvrx-eks/run-id=new,batch.kubernetes.io/job-completion-index=1",
+    ]
     assert calls[2] == ["logs", "--container", "trainer", "train-new-1-abcde"]
 
 

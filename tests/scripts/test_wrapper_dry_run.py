@@ -64,9 +64,13 @@ def test_prepare_data(run) -> None:
 def test_status_of_one_run_and_of_all(run) -> None:
     code, out, _ = run("status", "--run-id", "r1")
     assert code == 0 and len(out) == 2
-    assert out[0].startswith(f"{NS} get jobs --selector {PART_OF},app.kubernetes.io/component=train,nvrx-eks/run-id=r1 ")
+    assert out[0].startswith(
+        f"{NS} get jobs --selector {PART_OF},app.kubernetes.io/component=train,nvrx-eks/run-id=r1 "
+    )
     assert "FAILED_PODS:.status.failed" in out[0]
-    assert out[1].startswith(f"{NS} get pods --selector {PART_OF},app.kubernetes.io/component=train,nvrx-eks/run-id=r1 ")
+    assert out[1].startswith(
+        f"{NS} get pods --selector {PART_OF},app.kubernetes.io/component=train,nvrx-eks/run-id=r1 "
+    )
     assert "RANK:.metadata.annotations.batch" in out[1] and "PHASE:.status.phase" in out[1]
     code, out, _ = run("status")
     assert code == 0 and "nvrx-eks/run-id" not in out[0]
@@ -100,9 +104,7 @@ def test_results(run, tmp_path: Path) -> None:
 def test_stop(run) -> None:
     code, out, _ = run("stop", "--run-id", "r1")
     assert code == 0
-    assert out[0] == (
-        f"{NS} delete job train-r1 --cascade=foreground --wait=true --ignore-not-found --timeout=15m"
-    )
+    assert out[0] == (f"{NS} delete job train-r1 --cascade=foreground --wait=true --ignore-not-found --timeout=15m")
 
 
 def test_cleanup_deletes_fsx_users_first_and_keeps_namespace(run) -> None:
@@ -123,7 +125,15 @@ def test_synth_prints_the_manifests(run, tmp_path: Path) -> None:
     assert code == 0
     text = "\n".join(out)
     docs = [d for d in yaml.safe_load_all(text) if d]
-    assert {d["kind"] for d in docs} == {"Namespace", "ServiceAccount", "Job", "ConfigMap", "Service", "NetworkPolicy", "Pod"}
+    assert {d["kind"] for d in docs} == {
+        "Namespace",
+        "ServiceAccount",
+        "Job",
+        "ConfigMap",
+        "Service",
+        "NetworkPolicy",
+        "Pod",
+    }
     assert "# 30-train-r1.yaml" in out
     assert not (tmp_path / "dist").exists()
 
