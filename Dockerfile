@@ -25,20 +25,23 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # would otherwise be found first and NCCL would not use EFA. The kernel module and the memlock
 # limits belong to the host AMI (--skip-kmod --skip-limit-conf), not to the image.
 WORKDIR /tmp/efa
+# The installer is unpacked here and deleted in the same layer. The last two checks guard the
+# manifests, which set NCCL_TUNER_PLUGIN to this path (k8s.environment): a missing plugin fails
+# the build, not a training job.
 RUN apt-get update \
     && apt-get remove -y --allow-change-held-packages ibverbs-utils libibverbs-dev libibverbs1 libmlx5-1 \
     && rm -rf /opt/hpcx/ompi /opt/hpcx/nccl_rdma_sharp_plugin /usr/local/mpi \
     && curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" \
         | tar -xz --strip-components=1 \
     && ./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify \
-    && rm -rf /tmp/efa /var/lib/apt/lists/* \
-    && ldconfig
+    && find . -mindepth 1 -delete \
+    && rm -rf /var/lib/apt/lists/* \
+    && ldconfig \
+    && /opt/amazon/efa/bin/fi_info --version \
+    && test -e /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so \
+    && test -e /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-ofi-tuner.so
 ENV PATH=/opt/amazon/efa/bin:${PATH} \
     LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}
-# The manifests set NCCL_TUNER_PLUGIN to this path (k8s.environment): fail the build, not the job.
-RUN test -e /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so \
-    && test -e /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-ofi-tuner.so \
-    && fi_info --version
 
 # The project with the [trainer] extra only. torch stays the base image's CUDA build (a
 # constraint on its exact version stops pip from replacing it from PyPI); NVRx is pinned.

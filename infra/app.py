@@ -1,6 +1,7 @@
 """CDK entry point: `cdk synth -c profile=NAME` (default from cdk.json: p5).
 
-A bad profile stops here with its one-line ProfileError and exit status 2, before any synthesis.
+A bad profile stops here with its one-line ProfileError and exit status 2, before any synthesis;
+so does a profile this account cannot host (DeploymentError, e.g. an AZ it does not have).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 import aws_cdk as cdk  # noqa: E402
 
 from config import Profile, ProfileError, load_profile  # noqa: E402
+from infra.errors import DeploymentError  # noqa: E402
 from infra.stacks import ClusterStack, NetworkStack, RegistryStack, stack_names  # noqa: E402
 
 DEFAULT_PROFILE = "p5"
@@ -36,16 +38,29 @@ def build(app: cdk.App, profile: Profile) -> dict[str, cdk.Stack]:
     env = cdk.Environment(account=resolve_account(app), region=profile.region)
     names = stack_names(profile)
     network = NetworkStack(
-        app, names["network"], profile=profile, env=env,
+        app,
+        names["network"],
+        profile=profile,
+        env=env,
         description=f"nvrx-eks {profile.name}: VPC, flow logs, GPU subnet in {profile.availability_zone}",
     )
     registry = RegistryStack(
-        app, names["registry"], profile=profile, env=env,
+        app,
+        names["registry"],
+        profile=profile,
+        env=env,
         description=f"nvrx-eks {profile.name}: trainer image repository",
     )
     cluster = ClusterStack(
-        app, names["cluster"], profile=profile, network=network.network, env=env,
-        description=f"nvrx-eks {profile.name}: EKS, {profile.node_count}x {profile.instance_type}, FSx for Lustre",
+        app,
+        names["cluster"],
+        profile=profile,
+        network=network.network,
+        env=env,
+        description=(
+            f"nvrx-eks {profile.name}: EKS, {profile.node_count}x {profile.instance_type}, "
+            "FSx for Lustre"
+        ),
     )
     cluster.add_stack_dependency(network)
     for stack in (network, registry, cluster):
@@ -55,20 +70,22 @@ def build(app: cdk.App, profile: Profile) -> dict[str, cdk.Stack]:
 
 
 def add_nag(app: cdk.App) -> None:
-    from cdk_nag import AwsSolutionsChecks
+    """cdk-nag's AwsSolutions pack as a CDK validation plugin (`cdk synth -c nag=true`)."""
+    from cdk_nag import AwsSolutionsChecks  # a dev dependency: imported only when asked for
 
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
 
 
-def main() -> int:
-    app = cdk.App()
+def main(context: dict | None = None, outdir: str | None = None) -> int:
+    """Run by the cdk CLI (context from its environment); tests pass `context` and `outdir`."""
+    app = cdk.App(context=context, outdir=outdir)
     name = str(app.node.try_get_context("profile") or DEFAULT_PROFILE)
     try:
         profile = load_profile(name)
-    except ProfileError as exc:
+        build(app, profile)
+    except (ProfileError, DeploymentError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    build(app, profile)
     if str(app.node.try_get_context("nag")).lower() == "true":
         add_nag(app)
     app.synth()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import aws_cdk as cdk
 from constructs import IConstruct
 
-
 MIN_REASON_CHARS = 40
 
 

@@ -6,6 +6,8 @@ merge them, so every output key below appears in exactly one stack.
 
 from __future__ import annotations
 
+import re
+
 import aws_cdk as cdk
 from constructs import Construct
 
@@ -18,10 +20,21 @@ from infra.constructs.network import Network, NetworkProps
 from infra.constructs.registry import Registry, RegistryProps
 from infra.constructs.storage import Storage, StorageProps
 from infra.constructs.system_nodes import SystemNodes, SystemNodesProps
+from infra.errors import DeploymentError
+
+
+def _checked_name(profile: Profile) -> str:
+    # The profile name becomes part of stack, cluster and repository names.
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", profile.name):
+        raise DeploymentError(
+            f"profile name {profile.name!r} must be lowercase letters, digits and dashes "
+            "(it names the stacks, the cluster and the image repository)"
+        )
+    return profile.name
 
 
 def stack_names(profile: Profile) -> dict[str, str]:
-    prefix = f"nvrx-{profile.name}"
+    prefix = f"nvrx-{_checked_name(profile)}"
     return {
         "network": f"{prefix}-network",
         "registry": f"{prefix}-registry",
@@ -30,7 +43,7 @@ def stack_names(profile: Profile) -> dict[str, str]:
 
 
 def cluster_name(profile: Profile) -> str:
-    return f"nvrx-{profile.name}"
+    return f"nvrx-{_checked_name(profile)}"
 
 
 def _outputs(stack: cdk.Stack, values: dict[str, str]) -> None:
@@ -59,7 +72,9 @@ class RegistryStack(cdk.Stack):
 
     def __init__(self, scope: Construct, construct_id: str, *, profile: Profile, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        self.registry = Registry(self, "Registry", RegistryProps(f"nvrx-eks/{profile.name}/trainer"))
+        self.registry = Registry(
+            self, "Registry", RegistryProps(f"nvrx-eks/{profile.name}/trainer")
+        )
         _outputs(self, {"EcrRepositoryUri": self.registry.repository.repository_uri})
 
 
@@ -146,16 +161,19 @@ class ClusterStack(cdk.Stack):
                     " ",
                     [
                         "aws eks update-kubeconfig",
-                        "--region", self.region,
-                        "--name", cluster.cluster_name,
-                        "--role-arn", self.eks.admin_role.role_arn,
+                        "--region",
+                        self.region,
+                        "--name",
+                        cluster.cluster_name,
+                        "--role-arn",
+                        self.eks.admin_role.role_arn,
                     ],
                 ),
                 "Region": self.region,
                 "Namespace": profile.namespace,
-                "FsxFileSystemId": fs.file_system_id,
-                "FsxDnsName": fs.dns_name,
-                "FsxMountName": fs.mount_name,
+                "FsxFileSystemId": fs.ref,
+                "FsxDnsName": fs.attr_dns_name,
+                "FsxMountName": fs.attr_lustre_mount_name,
                 "FsxPvcName": self.storage.pvc_name,
                 "GpuNodeRoleArn": self.gpu_nodes.role.role_arn,
                 "NodeLocalDir": c.NODE_LOCAL_DIR,

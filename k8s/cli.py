@@ -9,7 +9,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
 
 from config import RECOVERY_MODES, ProfileError, load_profile
 from k8s import synth

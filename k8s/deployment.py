@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Optional
 
 from config import RECOVERY_MODES, InstanceSpec, Profile
 from k8s import naming, outputs
@@ -16,7 +15,6 @@ from k8s.errors import SynthError
 from k8s.outputs import StackOutputs
 
 IN_PROCESS_MODES = ("inprocess", "ft_launcher+inprocess")
-FT_LAUNCHER_MODES = ("ft_launcher", "ft_launcher+inprocess")
 
 SHM_MOUNT = "/dev/shm"
 NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
@@ -40,6 +38,16 @@ class Deployment:
     tokenizer: str = DEFAULT_TOKENIZER
 
     @property
+    def image_pull_policy(self) -> str:
+        """IfNotPresent for a fixed tag, so a replacement pod never waits on the registry; Always
+        for a moving tag (latest, or none), so a rebuilt image is not shadowed by a node's cache."""
+        name = self.image.rsplit("/", 1)[-1]
+        if "@" in name:
+            return "IfNotPresent"
+        tag = name.split(":", 1)[1] if ":" in name else "latest"
+        return "Always" if tag == "latest" else "IfNotPresent"
+
+    @property
     def instance(self) -> InstanceSpec:
         return self.profile.instance
 
@@ -50,10 +58,6 @@ class Deployment:
     @property
     def uses_in_process(self) -> bool:
         return self.mode in IN_PROCESS_MODES
-
-    @property
-    def uses_ft_launcher(self) -> bool:
-        return self.mode in FT_LAUNCHER_MODES
 
     @property
     def job_name(self) -> str:
@@ -135,7 +139,8 @@ def check_outputs_match(profile: Profile, out: StackOutputs) -> None:
             )
 
 
-def _image(profile: Profile, out: StackOutputs) -> str:
+def image_for(profile: Profile, out: StackOutputs) -> str:
+    """profile.image if set, else the stack's ECR repository at profile.image_tag."""
     if profile.image:
         return profile.image
     repo = out.require(outputs.ECR_REPOSITORY_URI, "the profile sets no image")
@@ -162,7 +167,7 @@ def resolve(
         profile=profile,
         mode=chosen_mode,
         run_id=rid,
-        image=_image(profile, out),
+        image=image_for(profile, out),
         namespace=profile.namespace,
         fsx_claim=out.require(outputs.FSX_PVC_NAME, "the FSx claim every pod mounts"),
         node_local_host_dir=node_local,

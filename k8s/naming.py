@@ -7,7 +7,7 @@ taint, hugepages) cannot drift apart.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 
 from k8s.errors import SynthError
 

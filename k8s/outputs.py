@@ -10,7 +10,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from k8s.errors import SynthError
 

@@ -116,6 +116,7 @@ def prepare_dirs_script(dirs: Sequence[str], owner_uid: int, copies: Sequence[tu
 
 def prepare_dirs_container(
     image: str,
+    pull_policy: str,
     dirs: Sequence[str],
     owner_uid: int,
     mounts: Sequence[k8s.VolumeMount],
@@ -124,16 +125,16 @@ def prepare_dirs_container(
     return k8s.Container(
         name="prepare-dirs",
         image=image,
-        image_pull_policy="IfNotPresent",
+        image_pull_policy=pull_policy,
         command=["sh", "-c", prepare_dirs_script(dirs, owner_uid, copies)],
         security_context=container_security(ROOT_UID, INIT_CAPABILITIES),
-        resources=small_resources(),
+        resources=bounded_resources(),
         volume_mounts=list(mounts),
     )
 
 
-def small_resources(cpu: str = "100m", memory: str = "256Mi") -> k8s.ResourceRequirements:
-    """Helpers that only copy or create files."""
+def bounded_resources(cpu: str = "100m", memory: str = "256Mi") -> k8s.ResourceRequirements:
+    """A memory limit equal to the request (no surprise OOM of the node), no CPU limit."""
     return k8s.ResourceRequirements(
         requests={"cpu": k8s.Quantity.from_string(cpu), "memory": k8s.Quantity.from_string(memory)},
         limits={"memory": k8s.Quantity.from_string(memory)},

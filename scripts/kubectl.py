@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Optional, TextIO
+from typing import TextIO
 
 
 class WrapperError(Exception):

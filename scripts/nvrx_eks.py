@@ -21,13 +21,12 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from config import Profile, ProfileError, load_profile
 from k8s import naming, outputs, synth
 from k8s.charts.results import CONTAINER as RESULTS_CONTAINER
 from k8s.cli import add_deployment_args
-from k8s.deployment import Deployment, check_outputs_match, resolve
+from k8s.deployment import Deployment, check_outputs_match, image_for, resolve
 from k8s.errors import SynthError
 from k8s.outputs import StackOutputs, default_outputs_path, load_outputs
 from scripts.kubectl import Kubectl, KubectlFailed, WrapperError
@@ -117,6 +116,12 @@ def cmd_synth(s: Session) -> int:
     return 0
 
 
+def cmd_image(s: Session) -> int:
+    """The image reference the manifests use, for `make image` (docker build/push)."""
+    s.kubectl.show(image_for(s.profile, s.outputs))
+    return 0
+
+
 def cmd_submit(s: Session) -> int:
     dep = s.deployment()
     files = s.synthesize(dep, (synth.NAMESPACE, synth.COMMON, synth.TRAIN))
@@ -192,16 +197,16 @@ def cmd_results(s: Session) -> int:
             source = f"{pod}:{dep.run_dir}/{name}"
             code = s.kubectl.run("cp", "--container", RESULTS_CONTAINER, source, str(dest / name), check=required)
             if code != 0:
-                s.kubectl.show(f"# {name} not found in {dep.run_dir}; skipped")
+                s.kubectl.show(f"# {name} not copied (not written to {dep.run_dir}?); skipped")
     finally:
         s.kubectl.run("delete", "pod", pod, "--ignore-not-found", "--wait=false")
-    s.kubectl.show(
-        f"# results of {dep.run_id} in {dest}/ (report: python -m trainer.report {dest}/results.json --out {dest}/report)"
-    )
+    report = f"python -m trainer.report {dest}/results.json --out {dest}/report"
+    s.kubectl.show(f"# results of {dep.run_id} in {dest}/ (to redo the report: {report})")
     return 0
 
 
 def cmd_stop(s: Session) -> int:
+    """Delete the run's Job with foreground cascade: its pods go first, FSx data stays."""
     run_id = s.run_id_or_latest()
     s.kubectl.run(
         "delete", "job", naming.train_job_name(run_id),
@@ -242,6 +247,7 @@ def cmd_cleanup(s: Session) -> int:
 
 COMMANDS: dict[str, Callable[[Session], int]] = {
     "synth": cmd_synth,
+    "image": cmd_image,
     "submit": cmd_submit,
     "prepare-data": cmd_prepare_data,
     "status": cmd_status,
@@ -250,6 +256,8 @@ COMMANDS: dict[str, Callable[[Session], int]] = {
     "stop": cmd_stop,
     "cleanup": cmd_cleanup,
 }
+# Commands that never talk to the cluster.
+LOCAL_COMMANDS = ("synth", "image")
 # Commands that synthesize manifests take the same options as `python -m k8s synth`.
 DEPLOYMENT_COMMANDS = ("synth", "submit", "prepare-data", "results")
 
@@ -263,7 +271,7 @@ def _common(parser: argparse.ArgumentParser, name: str) -> None:
     else:
         parser.add_argument("--profile", required=True, help="profile name in config/profiles, or a YAML path")
         parser.add_argument("--outputs", help="CDK outputs file (default: ./cdk-outputs.json when it exists)")
-        if name != "cleanup":
+        if name not in ("cleanup", "image"):
             parser.add_argument("--run-id", help="the run (default: the newest one)")
     parser.add_argument("--outdir", type=Path, help="manifest directory (default: dist/<profile>)")
     parser.add_argument("--context", help="kube context (default: the current one)")
@@ -275,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {
         "synth": "write the manifests (--dry-run: print them)",
+        "image": "print the trainer image reference (profile image, or ECR repository:tag)",
         "submit": "synthesize and apply one training run",
         "prepare-data": "run the data-prep Job that writes C4 tokens to FSx",
         "status": "jobs and pods of one run (default: all runs)",
@@ -310,7 +319,7 @@ def open_session(args: argparse.Namespace) -> Session:
     out = load_outputs(args.outputs or default_outputs_path())
     check_outputs_match(profile, out)
     kubectl = Kubectl(namespace=profile.namespace, context=args.context, dry_run=args.dry_run)
-    needs_cluster = not args.dry_run and args.command != "synth"
+    needs_cluster = not args.dry_run and args.command not in LOCAL_COMMANDS
     if needs_cluster:
         kubectl.preflight(out.get(outputs.CLUSTER_NAME), kubeconfig_hint(profile, out))
     return Session(args, profile, out, kubectl)

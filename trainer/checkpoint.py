@@ -25,6 +25,10 @@ from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveSt
                            step_dir_name, write_shard)
 
 
+def _warm_up(_: object) -> None:
+    """A no-op request: makes the worker process start (and import torch) ahead of need."""
+
+
 def default_node_dir() -> Path:
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
@@ -68,12 +72,13 @@ class CheckpointManager:
             self.stats.bytes_per_rank = layout.total_bytes
         return self._buffer
 
-    def _async_writer(self):
-        if self._writer is None:
+    def start_writer(self) -> None:
+        """Start NVRx's persistent writer now, so the first save pays no process start."""
+        if self.use_async and self._writer is None:
             from trainer.nvrx_compat import AsyncWriter
 
             self._writer = AsyncWriter()
-        return self._writer
+            self._writer.submit(_warm_up, None)  # finalized along with the first real write
 
     def save(self, step: int, model, optimizer, meta: dict) -> float:
         """Checkpoint `step`; returns the seconds training was blocked."""
@@ -88,7 +93,8 @@ class CheckpointManager:
                          str(self.store.root / step_dir_name(step)), self.rank, step,
                          self.world_size)
         if self.use_async:
-            self._async_writer().submit(write_shard, req)
+            self.start_writer()
+            self._writer.submit(write_shard, req)
             self._in_flight = (step, time.time())
         else:
             marker = write_shard(req)
@@ -204,6 +210,10 @@ class CheckpointManager:
         All ranks try the same candidates in the same order and agree on each through an
         all-reduce, so no rank can resume from a different step than another.
         """
+        if self.rank == 0:
+            for step in self.store.commit_complete():
+                self.log(f"committed checkpoint step {step}: all shards had landed before the fault")
+        dist.barrier()
         candidates = self.store.candidates()
         if not candidates:
             if required:

@@ -97,11 +97,21 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     return LaunchSpec(**vars(a)), trainer_args
 
 
+def check(spec: LaunchSpec, cfg) -> None:
+    """Launcher and trainer settings that only fail together."""
+    if spec.mode == "ft_launcher+inprocess" and spec.heartbeat_timeout <= cfg.hard_timeout:
+        sys.stderr.write(
+            f"python -m trainer.launch: error: --heartbeat_timeout {spec.heartbeat_timeout:g} must "
+            f"exceed the trainer's --hard_timeout {cfg.hard_timeout:g}: ft_launcher would kill "
+            "ranks that the in-process restart is still recovering\n")
+        sys.exit(2)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     spec, trainer_args = parse(sys.argv[1:] if argv is None else argv)
     from trainer.config import parse_args
 
-    parse_args([*trainer_args, "--mode", spec.mode])  # bad trainer flags fail here, exit 2
+    check(spec, parse_args([*trainer_args, "--mode", spec.mode]))  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     print("launch:", " ".join(cmd), flush=True)
     os.execvpe(cmd[0], cmd, launch_env(spec))

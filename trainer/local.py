@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 from trainer.config import MODES
 from trainer.events import EventLog
-from trainer.launch import LaunchSpec, build_command, launch_env
+from trainer.launch import LaunchSpec, build_command, check, launch_env
 
 
 def free_port_block(count: int = 4) -> int:
@@ -67,7 +67,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--backoff_seconds", type=float, default=1.0,
                    help="first restart delay; doubles each time like a Job's, capped at 30 s")
     p.add_argument("--max_restarts", type=int, default=10, help="ft_launcher worker restarts")
-    p.add_argument("--heartbeat_timeout", type=float, default=15.0)
+    p.add_argument("--heartbeat_timeout", type=float, default=30.0)
     p.add_argument("--initial_heartbeat_timeout", type=float, default=120.0)
     p.add_argument("--monitor_interval", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0: never)")
@@ -130,8 +130,11 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
         procs = _start(args, trainer_args, run_dir, port, attempt)
         failed = None
         try:
-            while failed is None and any(p.poll() is None for p in procs):
-                failed = next((p for p in procs if p.poll() not in (None, 0)), None)
+            while True:
+                codes = [p.poll() for p in procs]
+                failed = next((p for p, c in zip(procs, codes) if c not in (None, 0)), None)
+                if failed is not None or all(c == 0 for c in codes):
+                    break
                 if args.timeout and time.time() - started > args.timeout:
                     _stop(procs)
                     print(f"trainer.local: error: job did not finish within {args.timeout:g} s",
@@ -162,7 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     run_dir = Path(args.run_dir or f"runs/{args.mode.replace('+', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     trainer_args = _trainer_args(args, rest, run_dir)
-    parse_args([*trainer_args, "--mode", args.mode], prog="python -m trainer.local")  # exit 2 if bad
+    cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m trainer.local")
+    check(LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, 0, "127.0.0.1", 0,
+                     heartbeat_timeout=args.heartbeat_timeout), cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     rc = supervise(args, trainer_args, run_dir)
     results = Path(_flag(trainer_args, "--results_path"))

@@ -32,6 +32,7 @@ STEP_DIR = re.compile(r"step_(\d{8})")
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"
 _HASH_CHUNK = 64 << 20
+SLOW_WRITE_ENV = "NVRX_EKS_SLOW_WRITE_S"
 
 
 class CheckpointError(RuntimeError):
@@ -117,12 +118,16 @@ def write_shard(req: ShardWrite) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     layout = Layout.from_json(req.layout)
     flat = map_file(Path(req.buffer_path), layout.total_bytes, writable=False)
-    payload = {"tensors": layout.views(flat), "meta": req.meta, "layout": req.layout}
+    # One flat byte tensor: torch.save refuses differently typed views of one storage, and the
+    # loader rebuilds the typed views from the layout without copying.
+    payload = {"flat": flat, "meta": req.meta, "layout": req.layout}
     final = out / shard_name(req.rank)
     tmp = out / f".{final.name}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         hw = _HashingWriter(f)
         torch.save(payload, hw)
+        if SLOW_WRITE_ENV in os.environ:  # fault-injection knob: a wider window for crash tests
+            time.sleep(float(os.environ[SLOW_WRITE_ENV]))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
@@ -205,6 +210,8 @@ class CheckpointStore:
                 return None
             marker = json.loads(m.read_text())
             shard = path / marker["file"]
+            if marker["world_size"] != world_size:
+                return None  # written by an attempt with another world size
             if marker["step"] != step or not shard.is_file() or shard.stat().st_size != marker["bytes"]:
                 raise CheckpointError(f"{m}: marker does not match {shard}")
             markers.append(marker)
@@ -220,6 +227,27 @@ class CheckpointStore:
         write_json_atomic(self.root / LATEST, {"step": step, "dir": path.name})
         self.prune()
         return path
+
+    def commit_complete(self) -> list[int]:
+        """Commit every uncommitted checkpoint whose shards all landed (rank 0, before a restore).
+
+        A crash can come after every rank wrote its shard but before rank 0 saw the last marker;
+        that checkpoint is complete and verified, so it is published instead of thrown away.
+        """
+        done = []
+        for step, path in self.step_dirs():
+            first = path / marker_name(0)
+            if (path / MANIFEST).is_file() or not first.is_file():
+                continue
+            try:
+                world = json.loads(first.read_text())["world_size"]
+                markers = self.ready_markers(step, world)
+            except (OSError, ValueError, KeyError, CheckpointError):
+                continue
+            if markers is not None:
+                self.commit(step, markers, {"committed_by": "recovery"})
+                done.append(step)
+        return done
 
     def prune(self) -> None:
         """Keep the newest `keep` committed checkpoints; drop abandoned partial ones below them."""
@@ -252,7 +280,10 @@ class CheckpointStore:
             obj = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # a corrupt zip raises many different types
             raise CheckpointError(f"{f}: cannot be loaded ({type(exc).__name__}: {exc})") from None
-        return LoadedShard(obj["tensors"], obj["meta"], obj["layout"], entry["bytes"])
+        from trainer.staging import Layout
+
+        tensors = Layout.from_json(obj["layout"]).views(obj["flat"])
+        return LoadedShard(tensors, obj["meta"], obj["layout"], entry["bytes"])
 
 
 @dataclass

@@ -116,6 +116,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
                                  keep=cfg.keep_checkpoints, timeout_s=cfg.checkpoint_timeout,
                                  events=events, node_dir=cfg.node_dir, log=print)
         hooks.keep["ckpt"] = ckpt
+        ckpt.start_writer()
     if ckpt is not None:
         if cfg.resume == "never":
             if ckpt.store.latest_step() is not None:

@@ -13,6 +13,7 @@ from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
 from constructs import Construct, IDependable
 
 from infra import constants as c
+from infra.errors import DeploymentError
 from infra.nag import acknowledge
 
 ALL_CONTROL_PLANE_LOGS = [
@@ -38,7 +39,9 @@ def endpoint_access(mode: str, cidrs: tuple[str, ...]) -> eks.EndpointAccess:
     """Map the profile's endpoint setting to EKS; public access is limited to the CIDRs given."""
     if mode == "private":
         return eks.EndpointAccess.PRIVATE
-    access = eks.EndpointAccess.PUBLIC if mode == "public" else eks.EndpointAccess.PUBLIC_AND_PRIVATE
+    access = (
+        eks.EndpointAccess.PUBLIC if mode == "public" else eks.EndpointAccess.PUBLIC_AND_PRIVATE
+    )
     return access.only_from(*cidrs) if cidrs else access
 
 
@@ -83,7 +86,7 @@ class EksCluster(Construct):
                 f"1.{c.KUBECTL_LAYER_MINOR} layer; Helm charts and manifests may fail to apply",
             )
         if props.endpoint_access == "public" and props.public_access_cidrs:
-            cdk.Annotations.of(self).add_error(
+            raise DeploymentError(
                 "endpoint_access 'public' with public_access_cidrs would lock out the kubectl "
                 "handler (a Lambda outside the VPC); use 'public_and_private' instead"
             )
@@ -126,7 +129,9 @@ class EksCluster(Construct):
 
         self.pod_identity_agent = self.cluster.eks_pod_identity_agent
         cni_role = pod_identity_role(self, "VpcCniRole", "VPC CNI (aws-node) ENI and IP management")
-        cni_role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name("AmazonEKS_CNI_Policy"))
+        cni_role.add_managed_policy(
+            iam.ManagedPolicy.from_aws_managed_policy_name("AmazonEKS_CNI_Policy")
+        )
         cni_namespace, cni_sa = c.VPC_CNI_SERVICE_ACCOUNT
         cni_association = eks.CfnPodIdentityAssociation(
             self,
@@ -150,9 +155,11 @@ class EksCluster(Construct):
 
         acknowledge(
             cni_role,
-            ("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKS_CNI_Policy]",
-             "AWS-maintained policy the VPC CNI requires; attached to a Pod Identity role scoped "
-             "to kube-system/aws-node instead of the node role."),
+            (
+                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKS_CNI_Policy]",
+                "AWS-maintained policy the VPC CNI requires; attached to a Pod Identity role scoped "
+                "to kube-system/aws-node instead of the node role.",
+            ),
         )
         self._acknowledge_cdk_internals()
 
@@ -178,18 +185,18 @@ class EksCluster(Construct):
         """Findings on resources aws_eks_v2 creates for itself (cluster role, kubectl handler)."""
         acknowledge(
             self.cluster.role,
-            ("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKSClusterPolicy]",
-             "The EKS service role must carry the AWS-managed AmazonEKSClusterPolicy (EKS user guide, "
-             "cluster IAM role)."),
+            (
+                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKSClusterPolicy]",
+                "The EKS service role must carry the AWS-managed AmazonEKSClusterPolicy (EKS user guide, "
+                "cluster IAM role).",
+            ),
         )
 
         provider = self.cluster.kubectl_provider
         stack = cdk.Stack.of(self)
         handler = provider.node.find_child("Handler")
         handler_id = stack.resolve(stack.get_logical_id(handler.node.default_child))
-        ecr_public = next(
-            x for x in handler.node.find_all() if isinstance(x, cdk.CfnCondition)
-        )
+        ecr_public = next(x for x in handler.node.find_all() if isinstance(x, cdk.CfnCondition))
         condition_id = stack.resolve(stack.get_logical_id(ecr_public))
         managed = "arn:<AWS::Partition>:iam::aws:policy/"
         ecr_public_policy = (
@@ -199,20 +206,32 @@ class EksCluster(Construct):
         )
         acknowledge(
             provider,
-            (f"AwsSolutions-IAM4[Policy::{managed}service-role/AWSLambdaBasicExecutionRole]",
-             "aws_eks_v2 kubectl/helm custom-resource Lambdas: CloudWatch Logs writes only."),
-            (f"AwsSolutions-IAM4[Policy::{managed}service-role/AWSLambdaVPCAccessExecutionRole]",
-             "The kubectl Lambdas run in the VPC to reach the private API endpoint; this "
-             "AWS-maintained policy is the ENI management that requires."),
-            (f"AwsSolutions-IAM4[Policy::{managed}AmazonEC2ContainerRegistryReadOnly]",
-             "Added by aws_eks_v2 so helm can pull OCI charts from ECR; read-only."),
-            (f"AwsSolutions-IAM4[Policy::{ecr_public_policy}]",
-             "Added by aws_eks_v2 (aws partition only) so helm can pull OCI charts from ECR "
-             "Public; read-only."),
-            ("AwsSolutions-L1",
-             "The kubectl handler's Python runtime is chosen by aws_eks_v2 to match its bundled "
-             "kubectl/helm/awscli layers; it is not configurable."),
-            (f"AwsSolutions-IAM5[Resource::<{handler_id}.Arn>:*]",
-             "The CDK provider framework invokes versions of its own kubectl handler; the "
-             "wildcard covers qualifiers of that one function only."),
+            (
+                f"AwsSolutions-IAM4[Policy::{managed}service-role/AWSLambdaBasicExecutionRole]",
+                "aws_eks_v2 kubectl/helm custom-resource Lambdas: CloudWatch Logs writes only.",
+            ),
+            (
+                f"AwsSolutions-IAM4[Policy::{managed}service-role/AWSLambdaVPCAccessExecutionRole]",
+                "The kubectl Lambdas run in the VPC to reach the private API endpoint; this "
+                "AWS-maintained policy is the ENI management that requires.",
+            ),
+            (
+                f"AwsSolutions-IAM4[Policy::{managed}AmazonEC2ContainerRegistryReadOnly]",
+                "Added by aws_eks_v2 so helm can pull OCI charts from ECR; read-only.",
+            ),
+            (
+                f"AwsSolutions-IAM4[Policy::{ecr_public_policy}]",
+                "Added by aws_eks_v2 (aws partition only) so helm can pull OCI charts from ECR "
+                "Public; read-only.",
+            ),
+            (
+                "AwsSolutions-L1",
+                "The kubectl handler's Python runtime is chosen by aws_eks_v2 to match its bundled "
+                "kubectl/helm/awscli layers; it is not configurable.",
+            ),
+            (
+                f"AwsSolutions-IAM5[Resource::<{handler_id}.Arn>:*]",
+                "The CDK provider framework invokes versions of its own kubectl handler; the "
+                "wildcard covers qualifiers of that one function only.",
+            ),
         )

@@ -29,9 +29,11 @@ def gpu_node_placement() -> dict:
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
                     "nodeSelectorTerms": [
-                        {"matchExpressions": [
-                            {"key": label_key, "operator": "In", "values": [label_value]}
-                        ]}
+                        {
+                            "matchExpressions": [
+                                {"key": label_key, "operator": "In", "values": [label_value]}
+                            ]
+                        }
                     ]
                 }
             }

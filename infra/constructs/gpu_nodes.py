@@ -166,7 +166,9 @@ class GpuNodes(Construct):
             certificate_authority=cluster.cluster_certificate_authority_data,
             instance=spec,
         )
-        root_gib = c.ROOT_VOLUME_GIB_WITH_NVME if spec.nvme_devices else c.ROOT_VOLUME_GIB_WITHOUT_NVME
+        root_gib = (
+            c.ROOT_VOLUME_GIB_WITH_NVME if spec.nvme_devices else c.ROOT_VOLUME_GIB_WITHOUT_NVME
+        )
         data = ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
             image_id=image.get_image(self).image_id,
             instance_type=spec.instance_type,
@@ -208,7 +210,9 @@ class GpuNodes(Construct):
             )
             if self.placement_group
             else None,
-            capacity_reservation_specification=self._capacity_reservation(props.capacity_reservation),
+            capacity_reservation_specification=self._capacity_reservation(
+                props.capacity_reservation
+            ),
             instance_market_options=ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
                 market_type="capacity-block"
             )
@@ -222,7 +226,9 @@ class GpuNodes(Construct):
                 for kind in ("instance", "volume")
             ],
         )
-        self.launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=data)
+        self.launch_template = ec2.CfnLaunchTemplate(
+            self, "LaunchTemplate", launch_template_data=data
+        )
 
         count = str(props.node_count)
         self.auto_scaling_group = autoscaling.CfnAutoScalingGroup(
@@ -250,9 +256,11 @@ class GpuNodes(Construct):
 
         acknowledge(
             self.auto_scaling_group,
-            ("AwsSolutions-AS3",
-             "Fixed-size group (min = max = desired): no scaling events to notify about; a "
-             "replaced node shows up as a Kubernetes node event and in the training job's log."),
+            (
+                "AwsSolutions-AS3",
+                "Fixed-size group (min = max = desired): no scaling events to notify about; a "
+                "replaced node shows up as a Kubernetes node event and in the training job's log.",
+            ),
         )
 
     @staticmethod

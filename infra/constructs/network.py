@@ -10,8 +10,11 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from infra.errors import DeploymentError
+
 # Placeholders CDK uses while an availability-zone or VPC lookup is still pending.
 _DUMMY_AZS = {"dummy1a", "dummy1b", "dummy1c"}
+_DUMMY_VPC_ID = "vpc-12345"
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,9 @@ class Network(Construct):
         known_azs = [a for a in stack.availability_zones if not cdk.Token.is_unresolved(a)]
         lookup_pending = not known_azs or set(known_azs) <= _DUMMY_AZS
         if not lookup_pending and az not in known_azs:
-            cdk.Annotations.of(self).add_error(
+            raise DeploymentError(
                 f"availability zone {az} does not exist in {stack.region} for this account "
-                f"(known: {', '.join(known_azs)})"
+                f"(it has {', '.join(known_azs)})"
             )
 
         if props.vpc_id:
@@ -68,12 +71,15 @@ class Network(Construct):
             subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, availability_zones=[az]
         ).subnets
         if not private:
-            if not lookup_pending and not (props.vpc_id and self.vpc.vpc_id == "vpc-12345"):
-                cdk.Annotations.of(self).add_error(
-                    f"the VPC has no private subnet with egress in {az} for the GPU nodes and FSx"
+            if not (props.vpc_id and self.vpc.vpc_id == _DUMMY_VPC_ID):
+                raise DeploymentError(
+                    f"VPC {props.vpc_id or 'of this stack'} has no private subnet with egress in {az} "
+                    "for the GPU nodes and FSx"
                 )
-            # Keep synthesizing (a pending lookup is resolved by the CLI and synth runs again).
-            private = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets
+            # The lookup is pending: the CLI resolves it and synthesizes again.
+            private = self.vpc.select_subnets(
+                subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS
+            ).subnets
         self.gpu_subnet = private[0]
 
     def _new_vpc(self, az: str, other_az: Optional[str], cidr: str) -> ec2.Vpc:
@@ -84,7 +90,9 @@ class Network(Construct):
             ip_addresses=ec2.IpAddresses.cidr(cidr),
             availability_zones=azs,
             subnet_configuration=[
-                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                ec2.SubnetConfiguration(
+                    name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
+                ),
                 # /19: room for pod IPs (VPC CNI gives every pod a VPC address); EFA-only
                 # interfaces take no address.
                 ec2.SubnetConfiguration(
@@ -93,7 +101,9 @@ class Network(Construct):
             ],
             # One NAT gateway, in the GPU AZ, so GPU-node egress does not cross AZs.
             nat_gateways=1,
-            nat_gateway_subnets=ec2.SubnetSelection(subnet_group_name="Public", availability_zones=[az]),
+            nat_gateway_subnets=ec2.SubnetSelection(
+                subnet_group_name="Public", availability_zones=[az]
+            ),
             enable_dns_hostnames=True,
             enable_dns_support=True,
             restrict_default_security_group=False,

@@ -14,6 +14,7 @@ from constructs import Construct, IDependable
 
 from infra import constants as c
 from infra.constructs.cluster import pod_identity_role
+from infra.errors import DeploymentError
 from infra.nag import acknowledge
 
 
@@ -34,8 +35,9 @@ def lustre_ports() -> list[ec2.Port]:
     return [ec2.Port.tcp(c.LUSTRE_PORT), ec2.Port.tcp_range(low, high)]
 
 
-def persistent_volume(*, name: str, capacity_gib: int, file_system_id: str, dns_name: str,
-                      mount_name: str) -> dict:
+def persistent_volume(
+    *, name: str, capacity_gib: int, file_system_id: str, dns_name: str, mount_name: str
+) -> dict:
     """A static PV for an existing FSx file system (FSx CSI driver, static provisioning)."""
     return {
         "apiVersion": "v1",
@@ -58,7 +60,9 @@ def persistent_volume(*, name: str, capacity_gib: int, file_system_id: str, dns_
     }
 
 
-def persistent_volume_claim(*, name: str, namespace: str, volume_name: str, capacity_gib: int) -> dict:
+def persistent_volume_claim(
+    *, name: str, namespace: str, volume_name: str, capacity_gib: int
+) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -84,7 +88,7 @@ class Storage(Construct):
     system, so `cdk destroy` deletes them (and waits) before it deletes the file system.
     """
 
-    file_system: fsx.LustreFileSystem
+    file_system: fsx.CfnFileSystem
     security_group: ec2.SecurityGroup
     csi_driver: eks.CfnAddon
     csi_role: iam.Role
@@ -107,26 +111,35 @@ class Storage(Construct):
             self, "ClusterSecurityGroup", cluster.cluster_security_group_id, mutable=True
         )
         for port in lustre_ports():
-            self.security_group.add_ingress_rule(self.security_group, port, "Lustre between file servers")
+            self.security_group.add_ingress_rule(
+                self.security_group, port, "Lustre between file servers"
+            )
             self.security_group.add_ingress_rule(nodes, port, "Lustre from cluster nodes")
             # Lustre clients also accept connections from the servers.
             nodes.add_ingress_rule(self.security_group, port, "Lustre from FSx")
 
-        self.file_system = fsx.LustreFileSystem(
+        if props.import_path is not None and not props.import_path.startswith("s3://"):
+            raise DeploymentError(
+                f"fsx_import_path {props.import_path!r} must be an s3://bucket[/prefix] URI"
+            )
+        # The L1 resource: the L2 LustreFileSystem adds its own 988-1023 rule to the group.
+        # Lustre 2.15 is supported by every deployment type and recommended for new file systems
+        # (FSx API, CreateFileSystem FileSystemTypeVersion); the AL2023 client is 2.15.
+        self.file_system = fsx.CfnFileSystem(
             self,
             "FileSystem",
-            vpc=props.vpc,
-            vpc_subnet=props.subnet,
-            storage_capacity_gib=props.capacity_gib,
-            security_group=self.security_group,
-            file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
-            lustre_configuration=fsx.LustreConfiguration(
-                deployment_type=fsx.LustreDeploymentType.SCRATCH_2,
-                data_compression_type=fsx.LustreDataCompressionType.LZ4,
+            file_system_type="LUSTRE",
+            file_system_type_version="2.15",
+            storage_capacity=props.capacity_gib,
+            subnet_ids=[props.subnet.subnet_id],
+            security_group_ids=[self.security_group.security_group_id],
+            lustre_configuration=fsx.CfnFileSystem.LustreConfigurationProperty(
+                deployment_type="SCRATCH_2",
+                data_compression_type="LZ4",
                 import_path=props.import_path,
             ),
-            removal_policy=cdk.RemovalPolicy.DESTROY,
         )
+        self.file_system.apply_removal_policy(cdk.RemovalPolicy.DESTROY)
 
         # The controller only serves static volumes here: describing file systems is all it does.
         self.csi_role = pod_identity_role(self, "CsiControllerRole", "FSx CSI controller")
@@ -155,19 +168,19 @@ class Storage(Construct):
             "Volume",
             cluster=cluster,
             manifest=[
-            persistent_volume(
-                name=self.pv_name,
-                capacity_gib=props.capacity_gib,
-                file_system_id=self.file_system.file_system_id,
-                dns_name=self.file_system.dns_name,
-                mount_name=self.file_system.mount_name,
-            ),
-            persistent_volume_claim(
-                name=self.pvc_name,
-                namespace=props.namespace,
-                volume_name=self.pv_name,
-                capacity_gib=props.capacity_gib,
-            ),
+                persistent_volume(
+                    name=self.pv_name,
+                    capacity_gib=props.capacity_gib,
+                    file_system_id=self.file_system.ref,
+                    dns_name=self.file_system.attr_dns_name,
+                    mount_name=self.file_system.attr_lustre_mount_name,
+                ),
+                persistent_volume_claim(
+                    name=self.pvc_name,
+                    namespace=props.namespace,
+                    volume_name=self.pv_name,
+                    capacity_gib=props.capacity_gib,
+                ),
             ],
         )
         # The manifest refers to the file system's id, DNS name and mount name, so CloudFormation
@@ -177,7 +190,9 @@ class Storage(Construct):
 
         acknowledge(
             self.csi_role,
-            ("AwsSolutions-IAM5[Resource::*]",
-             "fsx:DescribeFileSystems supports no resource-level permissions (Service Authorization "
-             "Reference, Amazon FSx); the statement grants nothing else."),
+            (
+                "AwsSolutions-IAM5[Resource::*]",
+                "fsx:DescribeFileSystems supports no resource-level permissions (Service Authorization "
+                "Reference, Amazon FSx); the statement grants nothing else.",
+            ),
         )

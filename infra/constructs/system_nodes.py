@@ -35,15 +35,21 @@ def node_role(scope: Construct, construct_id: str, description: str) -> iam.Role
     )
     acknowledge(
         role,
-        ("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKSWorkerNodePolicy]",
-         "Required by every EKS node to register and describe the cluster (EKS node IAM role)."),
-        ("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly]",
-         "Narrowest AWS-maintained ECR policy: image pulls only (no list/describe)."),
+        (
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKSWorkerNodePolicy]",
+            "Required by every EKS node to register and describe the cluster (EKS node IAM role).",
+        ),
+        (
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly]",
+            "Narrowest AWS-maintained ECR policy: image pulls only (no list/describe).",
+        ),
     )
     return role
 
 
-def hardened_launch_template(scope: Construct, construct_id: str, root_gib: int) -> ec2.LaunchTemplate:
+def hardened_launch_template(
+    scope: Construct, construct_id: str, root_gib: int
+) -> ec2.LaunchTemplate:
     """IMDSv2 only, and an encrypted gp3 root volume."""
     return ec2.LaunchTemplate(
         scope,
@@ -55,7 +61,9 @@ def hardened_launch_template(scope: Construct, construct_id: str, root_gib: int)
             ec2.BlockDevice(
                 device_name="/dev/xvda",
                 volume=ec2.BlockDeviceVolume.ebs(
-                    root_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True,
+                    root_gib,
+                    volume_type=ec2.EbsDeviceVolumeType.GP3,
+                    encrypted=True,
                     delete_on_termination=True,
                 ),
             )

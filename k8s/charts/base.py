@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Optional
 
 from cdk8s_plus_33 import k8s
 

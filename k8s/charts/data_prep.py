@@ -30,16 +30,20 @@ class DataPrepChart(Chart):
         command, args = commands.data_prep_command(dep)
         fsx_mount = pod.mount(pod.FSX_VOLUME, dep.fsx_mount)
         prepare = pod.prepare_dirs_container(
-            dep.image, [posixpath.dirname(dep.data_dir), dep.data_dir], pod.APP_UID, [fsx_mount]
+            dep.image,
+            dep.image_pull_policy,
+            [posixpath.dirname(dep.data_dir), dep.data_dir],
+            pod.APP_UID,
+            [fsx_mount],
         )
         container = k8s.Container(
             name="data-prep",
             image=dep.image,
-            image_pull_policy="IfNotPresent",
+            image_pull_policy=dep.image_pull_policy,
             command=command,
             args=args,
             env=data_prep_env(),
-            resources=pod.small_resources(cpu=CPU, memory=MEMORY),
+            resources=pod.bounded_resources(cpu=CPU, memory=MEMORY),
             security_context=pod.container_security(pod.APP_UID),
             volume_mounts=[fsx_mount],
         )

@@ -25,9 +25,9 @@ class ResultsChart(Chart):
         container = k8s.Container(
             name=CONTAINER,
             image=dep.image,
-            image_pull_policy="IfNotPresent",
+            image_pull_policy=dep.image_pull_policy,
             command=["sleep", str(LIFETIME_S)],
-            resources=pod.small_resources(),
+            resources=pod.bounded_resources(),
             security_context=pod.container_security(pod.APP_UID),
             volume_mounts=[pod.mount(pod.FSX_VOLUME, dep.fsx_mount, read_only=True)],
         )

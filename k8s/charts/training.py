@@ -142,6 +142,7 @@ class TrainingChart(Chart):
             dirs.append(NODE_LOCAL_MOUNT)
         return pod.prepare_dirs_container(
             dep.image,
+            dep.image_pull_policy,
             dirs,
             trainer_uid(dep),
             [*self._data_mounts(), pod.mount(pod.CONFIG_VOLUME, CONFIG_MOUNT, read_only=True)],
@@ -156,7 +157,7 @@ class TrainingChart(Chart):
         return k8s.Container(
             name=naming.TRAINER_CONTAINER,
             image=dep.image,
-            image_pull_policy="IfNotPresent",  # a replacement pod must not wait on the registry
+            image_pull_policy=dep.image_pull_policy,
             command=command,
             args=args,
             env=training_env(dep),

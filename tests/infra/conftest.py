@@ -44,21 +44,23 @@ def raw_profile(name: str) -> dict[str, Any]:
     return data
 
 
-def existing_vpc_lookup(profile: Profile) -> dict[str, Any]:
-    """A cached `ec2.Vpc.from_lookup` answer, as `cdk synth` would store it after a lookup."""
+def existing_vpc_lookup(profile: Profile, azs: list[str] | None = None) -> dict[str, Any]:
+    """A cached `ec2.Vpc.from_lookup` answer, as `cdk synth` would store it after a lookup:
+    a private and a public subnet in another AZ and in the profile's AZ (or in `azs`)."""
     key = (
         f"vpc-provider:account={OFFLINE_ACCOUNT}:filter.vpc-id={EXISTING_VPC_ID}:"
         f"region={profile.region}:returnAsymmetricSubnets=true"
     )
-    azs = [f"{profile.region}a", profile.availability_zone]
+    other = f"{profile.region}{'b' if profile.availability_zone.endswith('a') else 'a'}"
+    azs = azs or [other, profile.availability_zone]
 
     def subnets(kind: str, base: int) -> list[dict[str, str]]:
         return [
             {
-                "subnetId": f"subnet-{kind}{i}",
+                "subnetId": f"subnet-{kind}{i:013x}",
                 "cidr": f"10.9.{base + i * 32}.0/19",
                 "availabilityZone": az,
-                "routeTableId": f"rtb-{kind}{i}",
+                "routeTableId": f"rtb-{kind}{i:013x}",
             }
             for i, az in enumerate(azs)
         ]
@@ -70,8 +72,8 @@ def existing_vpc_lookup(profile: Profile) -> dict[str, Any]:
             "ownerAccountId": OFFLINE_ACCOUNT,
             "availabilityZones": [],
             "subnetGroups": [
-                {"name": "Private", "type": "Private", "subnets": subnets("priv", 0)},
-                {"name": "Public", "type": "Public", "subnets": subnets("pub", 128)},
+                {"name": "Private", "type": "Private", "subnets": subnets("0ace", 0)},
+                {"name": "Public", "type": "Public", "subnets": subnets("0bee", 128)},
             ],
         }
     }
@@ -84,16 +86,14 @@ class Synth:
     profile: Profile
     outdir: Path
     templates: dict[str, dict[str, Any]]
-    nag_violations: list[tuple[str, str]]
+    violations: list[tuple[str, str, str]]  # (plugin, rule, construct path), unacknowledged
     messages: list[tuple[str, str]] = field(default_factory=list)
 
     def template(self, role: str) -> Template:
         return Template.from_json(self.templates[role])
 
     def resources(self, role: str, type_: str) -> dict[str, dict[str, Any]]:
-        return {
-            k: v for k, v in self.templates[role]["Resources"].items() if v["Type"] == type_
-        }
+        return {k: v for k, v in self.templates[role]["Resources"].items() if v["Type"] == type_}
 
     def all_resources(self, type_: str) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -107,7 +107,9 @@ class Synth:
         return next(iter(found.items()))
 
 
-def synthesize(profile: Profile, outdir: Path, extra_context: dict[str, Any] | None = None) -> Synth:
+def synthesize(
+    profile: Profile, outdir: Path, extra_context: dict[str, Any] | None = None
+) -> Synth:
     from cdk_nag import AwsSolutionsChecks
 
     from infra.app import build
@@ -119,20 +121,23 @@ def synthesize(profile: Profile, outdir: Path, extra_context: dict[str, Any] | N
     try:
         assembly = app.synth()
     except RuntimeError as exc:  # cdk-nag findings fail validation; the report says which
-        if "Validation failed" not in str(exc):
+        if "ValidationFailed" not in str(exc):
             raise
         assembly = cdk.cx_api.CloudAssembly(str(outdir))
     names = stack_names(profile)
     templates = {
-        role: json.loads((outdir / f"{name}.template.json").read_text()) for role, name in names.items()
+        role: json.loads((outdir / f"{name}.template.json").read_text())
+        for role, name in names.items()
     }
-    violations: list[tuple[str, str]] = []
+    violations: list[tuple[str, str, str]] = []
     report = outdir / "validation-report.json"
     if report.exists():
         for plugin in json.loads(report.read_text()).get("pluginReports", []):
             for violation in plugin.get("violations", []):
                 for construct in violation["violatingConstructs"]:
-                    violations.append((violation["ruleName"], construct["constructPath"]))
+                    violations.append(
+                        (plugin["pluginName"], violation["ruleName"], construct["constructPath"])
+                    )
     messages = [
         (str(m.level), str(m.entry.data)) for stack in assembly.stacks for m in stack.messages
     ]
@@ -142,6 +147,7 @@ def synthesize(profile: Profile, outdir: Path, extra_context: dict[str, Any] | N
 VARIANTS: dict[str, Callable[[], tuple[Profile, dict[str, Any]]]] = {
     "p5": lambda: (load_profile("p5"), {}),
     "p4de": lambda: (load_profile("p4de"), {}),
+    "g5-dev": lambda: (load_profile("g5-dev"), {}),
     # Capacity Block: no placement group (the validator forbids the combination).
     "p5-capacity-block": lambda: (
         profile_from_dict(
@@ -178,3 +184,13 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Synth]:
         return cache[variant]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def cdk_context() -> dict[str, Any]:
+    return app_context()
+
+
+@pytest.fixture(scope="session")
+def vpc_lookup() -> Callable[..., dict[str, Any]]:
+    return existing_vpc_lookup

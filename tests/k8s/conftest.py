@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 
-import k8s  # noqa: F401  (silences the jsii banner before cdk8s loads)
 from config import RECOVERY_MODES, Profile, load_profile
 from k8s import synth
 from k8s.deployment import Deployment, resolve

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -167,3 +167,18 @@ def test_outputs_file_in_working_directory_is_the_default(outputs_file, tmp_path
     monkeypatch.chdir(work)
     assert synth_main(["synth", "--profile", "p5", "--run-id", "auto", "--outdir", "dist"]) == 0
     assert (work / "dist" / "30-train-auto.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("image", "policy"),
+    [
+        ("123.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:latest", "Always"),
+        ("123.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:nvrx-0.4.1", "IfNotPresent"),
+        ("registry:5000/nvrx-trainer", "Always"),
+        ("nvrx-trainer@sha256:" + "0" * 64, "IfNotPresent"),
+    ],
+)
+def test_pull_policy_follows_the_tag(outputs_file, image: str, policy: str) -> None:
+    data = yaml.safe_load((REPO / "config/profiles/p5.yaml").read_text()) | {"name": "p5", "image": image}
+    dep = resolve(profile_from_dict(data), load_outputs(outputs_file("p5")), run_id="r1")
+    assert dep.image_pull_policy == policy

@@ -20,7 +20,7 @@ def test_whole_node_sizing(instance_type: str) -> None:
     if spec.efa_interfaces:
         assert requests["vpc.amazonaws.com/efa"].value == spec.efa_interfaces
         assert requests["hugepages-2Mi"].value == "5120Mi"
-        assert res.memory_gib + 5 < spec.memory_gib
+        assert res.memory_gib + 10 < spec.memory_gib  # huge pages of two pods are not allocatable
     else:
         assert "vpc.amazonaws.com/efa" not in requests and "hugepages-2Mi" not in requests
 

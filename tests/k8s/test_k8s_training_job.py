@@ -173,3 +173,12 @@ def test_no_secret_values_anywhere(synthesis) -> None:
     for marker in ("hf_", "AKIA", "BEGIN PRIVATE KEY", "aws_secret_access_key"):
         assert marker not in text
     assert all(d["kind"] != "Secret" for d in synthesis.docs())
+
+
+def test_every_container_uses_the_run_image(synthesis) -> None:
+    for doc in synthesis.docs():
+        if doc["kind"] in ("Job", "Pod"):
+            spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Job" else doc["spec"]
+            for container in [*spec.get("initContainers", []), *spec["containers"]]:
+                assert container["image"] == synthesis.dep.image
+                assert container["imagePullPolicy"] == "Always"  # the fixtures use the :latest tag

@@ -169,3 +169,9 @@ def test_outputs_for_another_profile(run, tmp_path: Path, outputs: Path) -> None
     other.write_text(json.dumps(stacks))
     code, _, err = run("status", outputs_path=other)
     assert code == 2 and "Region 'eu-west-1'" in err and "disagrees with profile 'p5'" in err
+
+
+def test_image_reference_for_make_image(run) -> None:
+    code, out, _ = run("image")
+    assert code == 0
+    assert out == ["123456789012.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:latest"]

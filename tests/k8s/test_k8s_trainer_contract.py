@@ -1,0 +1,54 @@
+"""The manifests' command lines are accepted by the trainer's own parsers (the contract, executed).
+
+Only argument parsing runs: no torch, no process group. A flag renamed on either side, or a
+profile value the trainer rejects (it exits 2, which fails the Job at once), fails here first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k8s import commands, naming
+
+
+def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
+    from trainer.config import parse_args
+    from trainer.launch import parse
+
+    dep = synthesis.dep
+    last_rank = str(dep.profile.node_count - 1)
+    args = [a.replace(f"$({naming.COMPLETION_INDEX_ENV})", last_rank) for a in synthesis.trainer["args"]]
+    spec, trainer_args = parse(args)
+    assert (spec.mode, spec.node_rank, spec.master_addr) == (dep.mode, int(last_rank), dep.master_addr)
+    assert (spec.nnodes, spec.nproc_per_node) == (dep.profile.node_count, dep.instance.gpus)
+    assert spec.max_restarts == commands.restarts_for(dep)
+    cfg = parse_args([*trainer_args, "--mode", spec.mode])
+    assert cfg.checkpoint_dir == dep.checkpoint_dir
+    assert cfg.results_path == dep.results_path
+    assert cfg.nccl_timeout == dep.profile.recovery.nccl_timeout_s
+    assert cfg.inprocess_max_restarts == dep.profile.recovery.max_restarts
+    assert cfg.device == "cuda"
+
+
+def test_data_prep_args_are_accepted(synth_for, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainer.data
+
+    seen = {}
+
+    def fake_prepare(source: str, num_samples: int, tokenizer: str, output: Path):
+        seen.update(source=source, num_samples=num_samples, tokenizer=tokenizer, output=str(output))
+        raise ValueError("stop before any download")
+
+    monkeypatch.setattr(trainer.data, "prepare", fake_prepare)
+    synthesis = synth_for("p5", "baseline")
+    container = synthesis.one("Job", "data-prep")["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "trainer.data"]
+    assert trainer.data.main(container["args"]) == 2  # the fake's error, after parsing succeeded
+    assert seen == {
+        "source": "c4",
+        "num_samples": synthesis.dep.profile.trainer.dataset_samples,
+        "tokenizer": "byte",
+        "output": "/fsx/data/c4",
+    }

@@ -1,0 +1,93 @@
+"""Real 2-rank jobs, real SIGKILLs: checkpoints never lose or duplicate an update."""
+
+import pytest
+
+from tests.trainer.conftest import (INTERVAL, STEPS, events, first, kill_group, ok, results,
+                                    run_local, samples_by_step, start_local, wait_for)
+from trainer.store import MANIFEST, shard_name, step_dir_name
+
+
+def _committed(run_dir, step):
+    return (run_dir / "checkpoints" / step_dir_name(step) / MANIFEST).is_file()
+
+
+@pytest.mark.parametrize("use_async", ["true", "false"])
+def test_sigkill_midway_then_resume_matches_uninterrupted(cache_dir, reference, tmp_path, use_async):
+    ref = reference()
+    run_dir = tmp_path / "run"
+    args = ("--max_steps", str(STEPS), "--checkpoint_interval", str(INTERVAL),
+            "--use_async_checkpoint", use_async, "--trace_samples", "true")
+    job = start_local(cache_dir, "baseline", run_dir, *args)
+    wait_for(lambda: _committed(run_dir, 2 * INTERVAL), what="the step-12 commit")
+    kill_group(job)
+    assert not first(events(run_dir), "train_end")
+
+
+    ok(run_local(cache_dir, "baseline", run_dir, *args))
+    res = results(run_dir)
+    assert res["param_sha256"] == ref["param_sha256"]
+    assert res["steps_completed"] == STEPS
+    load = first(events(run_dir), "ckpt_load")
+    assert load and 2 * INTERVAL <= load["step"] < STEPS
+    # The data position survived: every step's samples, per rank, equal the uninterrupted run's.
+    assert samples_by_step(run_dir) == samples_by_step(ref["run_dir"])
+
+
+def test_sigkill_during_a_write_resumes_from_the_previous_checkpoint(cache_dir, reference, tmp_path,
+                                                                     monkeypatch):
+    ref = reference()
+    run_dir = tmp_path / "run"
+    args = ("--max_steps", str(STEPS), "--checkpoint_interval", str(INTERVAL))
+    monkeypatch.setenv("NVRX_EKS_SLOW_WRITE_S", "2.0")  # widen the write so the kill lands inside
+    job = start_local(cache_dir, "baseline", run_dir, *args)
+    step_dir = run_dir / "checkpoints" / step_dir_name(2 * INTERVAL)
+    wait_for(lambda: _committed(run_dir, INTERVAL) and step_dir.is_dir()
+             and any(p.name.endswith(".tmp") for p in step_dir.iterdir()),
+             what="a shard of step 12 being written")
+    kill_group(job)
+    assert not (step_dir / MANIFEST).exists()
+    monkeypatch.delenv("NVRX_EKS_SLOW_WRITE_S")
+
+    ok(run_local(cache_dir, "baseline", run_dir, *args))
+    assert first(events(run_dir), "ckpt_load")["step"] == INTERVAL
+    assert results(run_dir)["param_sha256"] == ref["param_sha256"]
+
+
+def test_damaged_newest_checkpoints_are_skipped_by_name(cache_dir, reference, tmp_path):
+    ref = reference()
+    run_dir = tmp_path / "run"
+    args = ("--max_steps", str(STEPS), "--checkpoint_interval", str(INTERVAL), "--keep_checkpoints", "3")
+    ok(run_local(cache_dir, "baseline", run_dir, *args))
+    ckpts = run_dir / "checkpoints"
+    truncated = ckpts / step_dir_name(STEPS) / shard_name(1)
+    truncated.write_bytes(truncated.read_bytes()[:-1000])
+    flipped = ckpts / step_dir_name(STEPS - INTERVAL) / shard_name(0)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 3] ^= 0x5A  # same size: only the checksum can tell
+    flipped.write_bytes(bytes(data))
+
+    proc = run_local(cache_dir, "baseline", run_dir, *args)
+    ok(proc)
+    out = proc.stdout + proc.stderr
+    assert f"skipping checkpoint {ckpts / step_dir_name(STEPS)}" in out
+    assert f"skipping checkpoint {ckpts / step_dir_name(STEPS - INTERVAL)}" in out and "sha256" in out
+    loads = [e for e in events(run_dir) if e["event"] == "ckpt_load"]
+    assert {e["step"] for e in loads} == {STEPS - 2 * INTERVAL}  # the newest intact one
+    assert results(run_dir)["param_sha256"] == ref["param_sha256"]
+
+
+def test_resume_at_another_world_size_restores_parameters_exactly(cache_dir, tmp_path):
+    two = tmp_path / "two"
+    ok(run_local(cache_dir, "baseline", two, "--max_steps", "8", "--checkpoint_interval", "8"))
+    saved = results(two)["param_sha256"]
+    for nproc in (1, 3):  # shrink, and grow to a world that does not divide the rows evenly
+        copy = tmp_path / f"world{nproc}"
+        import shutil
+
+        shutil.copytree(two / "checkpoints", copy / "checkpoints")
+        ok(run_local(cache_dir, "baseline", copy, "--max_steps", "8", "--resume", "required",
+                     nproc=nproc))
+        res = results(copy)
+        load = first(events(copy), "ckpt_load")
+        assert load["saved_world_size"] == 2 and load["step"] == 8
+        assert res["param_sha256"] == saved

@@ -1,0 +1,55 @@
+"""Bad flags: one line on stderr, exit code 2, before any process group or file exists."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer.conftest import ROOT
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--max_steps", "0"], "--max_steps 0 must be at least 1"),
+    (["--use_async_checkpoint", "maybe"], "'maybe' is not a boolean"),
+    (["--fault_types", "exception,boom", "--checkpoint_dir", "x"], "'boom' is unknown"),
+    (["--fault_type_weights", "0.5", "--fault_types", "exception,hang"], "has 1 values for 2"),
+    (["--tiers", "disk", "--snapshot_interval", "1", "--checkpoint_dir", "x"], "'disk' is unknown"),
+    (["--checkpoint_interval", "5"], "needs --checkpoint_dir"),
+    (["--resume", "required", "--checkpoint_dir", "/nonexistent/ckpt"], "holds no complete checkpoint"),
+    (["--model", "gpt-5"], "neither a preset"),
+    (["--mode", "inprocess", "--nccl_timeout", "100", "--hard_timeout", "90"], "must be below --hard_timeout"),
+    (["--soft_timeout", "100", "--hard_timeout", "90"], "soft (100.0) < hard (90.0)"),
+])
+def test_bad_flag_is_one_line_and_exit_2(tmp_path, args, fragment):
+    proc = subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert fragment in lines[0]
+    assert not list(tmp_path.iterdir())
+
+
+def test_local_runner_rejects_bad_trainer_flags_before_launching(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "trainer.local", "--run_dir", str(run_dir), "--",
+                           "--batch_size", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--batch_size 0 must be at least 1" in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_launcher_command_per_mode():
+    from trainer.launch import LaunchSpec, build_command
+
+    spec = LaunchSpec("ft_launcher+inprocess", 4, 8, 2, "job-0.svc", 29500, 7, 300, 1200, 5)
+    cmd = build_command(spec, ["--max_steps", "10"])
+    joined = " ".join(cmd)
+    assert "fault_tolerance.launcher" in joined
+    assert "--max-restarts=7" in cmd and "--ft-rank-heartbeat-timeout=300" in cmd
+    assert "--ft-initial-rank-heartbeat-timeout=1200" in cmd
+    assert "--rdzv-endpoint=job-0.svc:29500" in cmd and "--nnodes=4" in cmd
+    assert cmd[cmd.index("-m", 3) + 1:] == ["trainer", "--mode", "ft_launcher+inprocess", "--max_steps", "10"]
+    base = build_command(LaunchSpec("baseline", 2, 8, 1, "job-0.svc", 29500), [])
+    assert "torch.distributed.run" in " ".join(base)
+    assert "--max-restarts=0" in base and "--node-rank=1" in base

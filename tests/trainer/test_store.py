@@ -1,0 +1,89 @@
+"""The commit protocol: a checkpoint is visible only once complete and verified."""
+
+import json
+
+import pytest
+import torch
+
+from trainer.staging import HostBuffer, Layout
+from trainer.store import (MANIFEST, CheckpointError, CheckpointStore, ShardWrite, marker_name,
+                           shard_name, step_dir_name, write_shard)
+
+
+def _write(root, step, rank, world, value):
+    tensors = {"w": torch.full((4, 3), float(value)), "b": torch.arange(5, dtype=torch.bfloat16)}
+    buf = HostBuffer(root / f"buf{rank}", Layout.of(tensors), pin=False)
+    buf.stage(tensors)
+    req = ShardWrite(str(buf.path), buf.layout.to_json(), {"step": step, "params": {}},
+                     str(root / step_dir_name(step)), rank, step, world)
+    return write_shard(req)
+
+
+def _commit(store, step, world=2):
+    for r in range(world):
+        _write(store.root, step, r, world, step + r)
+    markers = store.ready_markers(step, world)
+    store.commit(step, markers, {})
+
+
+def test_commit_needs_every_marker_and_moves_latest(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    _write(tmp_path, 10, 0, 2, 1.0)
+    assert store.ready_markers(10, 2) is None  # rank 1 not done: nothing to commit
+    assert store.latest_step() is None
+    _write(tmp_path, 10, 1, 2, 2.0)
+    store.commit(10, store.ready_markers(10, 2), {})
+    assert store.latest_step() == 10
+    assert json.loads((tmp_path / "latest").read_text())["step"] == 10
+    shard = store.load_shard(tmp_path / step_dir_name(10), store.candidates()[0][2], 1)
+    assert torch.equal(shard.tensors["w"], torch.full((4, 3), 2.0))
+    assert torch.equal(shard.tensors["b"], torch.arange(5, dtype=torch.bfloat16))
+
+
+def test_retention_keeps_newest_and_drops_abandoned_partials(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    _commit(store, 5)
+    _write(tmp_path, 7, 0, 2, 0.0)  # a partial checkpoint from a crash
+    _commit(store, 10)
+    _commit(store, 15)
+    assert [s for s, _ in store.step_dirs()] == [10, 15]
+    _write(tmp_path, 20, 0, 2, 0.0)  # in flight, newer than the newest commit: kept
+    store.prune()
+    assert [s for s, _ in store.step_dirs()] == [10, 15, 20]
+    store.discard_uncommitted_after(15)
+    assert [s for s, _ in store.step_dirs()] == [10, 15]
+
+
+def test_truncated_shard_and_bad_manifest_are_skipped_with_a_warning(tmp_path):
+    warnings = []
+    store = CheckpointStore(tmp_path, keep=3, warn=warnings.append)
+    _commit(store, 5)
+    _commit(store, 10)
+    _commit(store, 15)
+    shard = tmp_path / step_dir_name(15) / shard_name(1)
+    shard.write_bytes(shard.read_bytes()[:-100])
+    (tmp_path / step_dir_name(10) / MANIFEST).write_text("{not json")
+    assert [s for s, _, _ in store.candidates()] == [5]
+    assert any("step_00000015" in w and "bytes on disk" in w for w in warnings)
+    assert any("step_00000010" in w and "unreadable manifest" in w for w in warnings)
+
+
+def test_corrupted_shard_fails_its_checksum(tmp_path):
+    store = CheckpointStore(tmp_path)
+    _commit(store, 5)
+    shard = tmp_path / step_dir_name(5) / shard_name(0)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    step, path, manifest = store.candidates()[0]
+    with pytest.raises(CheckpointError, match="sha256"):
+        store.load_shard(path, manifest, 0)
+
+
+def test_marker_that_disagrees_with_its_shard_is_an_error(tmp_path):
+    store = CheckpointStore(tmp_path)
+    _write(tmp_path, 5, 0, 1, 1.0)
+    (tmp_path / step_dir_name(5) / shard_name(0)).write_bytes(b"short")
+    with pytest.raises(CheckpointError, match="does not match"):
+        store.ready_markers(5, 1)
+    assert json.loads((tmp_path / step_dir_name(5) / marker_name(0)).read_text())["rank"] == 0
