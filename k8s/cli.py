@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from config import RECOVERY_MODES, ProfileError, load_profile
+from config import RECOVERY_MODES, Profile, ProfileError, load_profile
 from k8s import synth
 from k8s.deployment import DEFAULT_TOKENIZER, Deployment, resolve
 from k8s.errors import SynthError
@@ -29,11 +29,25 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--run-id", help="run directory and object names (default: <mode>-<UTC time>)")
     parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="data prep tokenizer: a model dir or 'byte'")
+    add_image_tag_arg(parser)
+
+
+def add_image_tag_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--image-tag", help="trainer image tag in the stack's ECR repository "
+                        "(default: the profile's image_tag); `make image` pushes the git commit")
+
+
+def profile_from_args(args: argparse.Namespace) -> Profile:
+    """The named profile, with the --image-tag override applied."""
+    profile = load_profile(args.profile)
+    if getattr(args, "image_tag", None):
+        profile = profile.model_copy(update={"image_tag": args.image_tag})
+    return profile
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
     """Profile + outputs + flags -> Deployment; raises SynthError/ProfileError on bad input."""
-    profile = load_profile(args.profile)
+    profile = profile_from_args(args)
     outputs_path: Path | str | None = args.outputs or default_outputs_path()
     return resolve(
         profile,

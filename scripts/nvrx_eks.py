@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from config import Profile, ProfileError, load_profile
+from config import Profile, ProfileError
 from k8s import naming, outputs, synth
 from k8s.charts.results import CONTAINER as RESULTS_CONTAINER
-from k8s.cli import add_deployment_args
+from k8s.cli import add_deployment_args, add_image_tag_arg, profile_from_args
 from k8s.deployment import Deployment, check_outputs_match, image_for, resolve
 from k8s.errors import SynthError
 from k8s.outputs import StackOutputs, default_outputs_path, load_outputs
@@ -273,6 +273,8 @@ def _common(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--outputs", help="CDK outputs file (default: ./cdk-outputs.json when it exists)")
         if name not in ("cleanup", "image"):
             parser.add_argument("--run-id", help="the run (default: the newest one)")
+        if name == "image":
+            add_image_tag_arg(parser)
     parser.add_argument("--outdir", type=Path, help="manifest directory (default: dist/<profile>)")
     parser.add_argument("--context", help="kube context (default: the current one)")
     parser.add_argument("--dry-run", action="store_true", help="print the kubectl commands instead of running them")
@@ -315,7 +317,7 @@ def kubeconfig_hint(profile: Profile, out: StackOutputs) -> str:
 
 
 def open_session(args: argparse.Namespace) -> Session:
-    profile = load_profile(args.profile)
+    profile = profile_from_args(args)
     out = load_outputs(args.outputs or default_outputs_path())
     check_outputs_match(profile, out)
     kubectl = Kubectl(namespace=profile.namespace, context=args.context, dry_run=args.dry_run)

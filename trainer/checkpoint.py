@@ -60,6 +60,7 @@ class CheckpointManager:
         self._in_flight: Optional[tuple[int, float]] = None  # (step, submitted at)
         self._uncommitted: list[int] = []  # rank 0: steps waiting for every rank's marker
         self.last_saved_step = -1
+        self.keepalive: Callable[[], None] = lambda: None
 
     # -- saving ------------------------------------------------------------------------------
     def _staging(self, tensors: dict[str, torch.Tensor]) -> HostBuffer:
@@ -80,8 +81,11 @@ class CheckpointManager:
             self._writer = AsyncWriter()
             self._writer.submit(_warm_up, None)  # finalized along with the first real write
 
-    def save(self, step: int, model, optimizer, meta: dict) -> float:
-        """Checkpoint `step`; returns the seconds training was blocked."""
+    def save(self, step: int, model, optimizer, meta: dict, final: bool = False) -> float:
+        """Checkpoint `step`; returns the seconds training was blocked.
+
+        A `final` save is the one at the end of training, reported apart from the in-loop ones.
+        """
         t0 = time.perf_counter()
         self.wait_for_writer()  # the staging buffer is free only once the last write is done
         tensors = local_tensors(model, optimizer)
@@ -109,7 +113,7 @@ class CheckpointManager:
         self.stats.blocking_seconds.append(blocked)
         self.last_saved_step = step
         self.events.emit("ckpt_save", step=step, blocking_s=blocked, is_async=self.use_async,
-                         bytes=self.stats.bytes_per_rank)
+                         bytes=self.stats.bytes_per_rank, final=final)
         return blocked
 
     def _check_writer(self) -> None:
@@ -160,6 +164,7 @@ class CheckpointManager:
         while self._in_flight is not None:
             self.poll()
             if self._in_flight is not None:
+                self.keepalive()
                 time.sleep(0.01)
 
     def settle(self) -> None:
@@ -176,6 +181,7 @@ class CheckpointManager:
 
     def finish(self) -> None:
         """Drain writes and, on rank 0, commit everything still pending (bounded by the timeout)."""
+        t0 = time.perf_counter()
         self.wait_for_writer()
         dist.barrier()
         deadline = time.time() + self.timeout_s
@@ -185,7 +191,9 @@ class CheckpointManager:
                 if time.time() > deadline:
                     raise CheckpointError(f"checkpoint step {self._uncommitted[0]} never got "
                                           "every rank's marker; it is not committed")
+                self.keepalive()
                 time.sleep(0.05)
+        self.events.emit("ckpt_drain", seconds=time.perf_counter() - t0)
         self.close()
 
     def close(self, abort: bool = False) -> None:
@@ -202,7 +210,11 @@ class CheckpointManager:
         """The saved shards this rank needs: its own at the same world size, else all of them."""
         ranks = [self.rank] if manifest["world_size"] == self.world_size else range(
             manifest["world_size"])
-        return [self.store.load_shard(path, manifest, r) for r in ranks]
+        shards = []
+        for r in ranks:
+            shards.append(self.store.load_shard(path, manifest, r))
+            self.keepalive()
+        return shards
 
     def restore(self, model, optimizer, required: bool) -> Optional[dict]:
         """Load the newest checkpoint every rank can read and verify; its meta, or None if none.

@@ -38,9 +38,15 @@ def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args(argv)
+    from trainer.events import EventLog
+
+    events_file = events_path(cfg)
+    # Stamped before torch is imported: a restart's breakdown shows the import time too.
+    events = EventLog(events_file, int(os.environ.get("RANK", 0)))
+    events.emit("launch", mode=cfg.mode, world_size=int(os.environ.get("WORLD_SIZE", 1)),
+                launcher_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
     import torch.distributed as dist
 
-    from trainer.events import EventLog
     from trainer.parallel import dist_env
 
     try:
@@ -48,10 +54,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except RuntimeError as exc:
         print(f"python -m trainer: error: {exc}", file=sys.stderr)
         return 2
-    events_file = events_path(cfg)
-    events = EventLog(events_file, env.rank)
-    events.emit("launch", mode=cfg.mode, world_size=env.world_size,
-                launcher_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    events.emit("imported")
     try:
         from trainer.train import Hooks, run
 

@@ -11,7 +11,10 @@ Definitions (also in the README):
   detection, restart (new attempt), process group ready, state loaded, first step;
   steps_lost = last step completed before the fault - step resumed from.
 - infra_goodput_pct = 100 * (wall - sum of fault -> training resumed) / wall.
-- training_efficiency_pct = 100 * (1 - checkpoint blocking seconds / wall_seconds).
+- training_efficiency_pct = 100 * (1 - B / (S + B)), the share of the training loop's time not
+  blocked by checkpoints: B = blocking seconds of the in-loop saves, S = the sum of step times.
+  The save at the end of training and the final wait for the last background write are reported
+  apart (checkpoint.final_seconds): they end a run, they do not slow its steady state.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from typing import Any, Iterable, Optional
 # Events after a fault, in the order a recovery passes through them.
 _PHASES = (("detected", ("abort", "worker_failed")),
            ("restarted", ("launch", "attempt_start")),
+           ("imported", ("imported",)),
            ("pg_ready", ("pg_ready",)),
+           ("model_ready", ("model_ready",)),
            ("loaded", ("ckpt_load", "snapshot_load", "train_start")))
 
 
@@ -79,9 +84,12 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
             downtime += resumed["t"] - t_f
         faults.append(rec)
 
-    blocking = [e["blocking_s"] for e in events if e["event"] == "ckpt_save" and e["rank"] == 0]
-    writes = [e["write_s"] for e in events if e["event"] == "ckpt_commit"]
     saves = [e for e in events if e["event"] == "ckpt_save" and e["rank"] == 0]
+    blocking = [e["blocking_s"] for e in saves if not e.get("final")]
+    final_s = sum(e["blocking_s"] for e in saves if e.get("final")) + sum(
+        e["seconds"] for e in events if e["event"] == "ckpt_drain" and e["rank"] == 0)
+    loop_s = sum(s["dt"] for s in steps) + sum(blocking)
+    writes = [e["write_s"] for e in events if e["event"] == "ckpt_commit"]
     recoveries = [f["recovery_seconds"] for f in faults if f["recovery_seconds"] is not None]
     return {
         "steps_completed": final_step,
@@ -89,7 +97,7 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
         "wall_seconds": wall,
         "step_time_seconds": step_time,
         "useful_steps": useful_steps,
-        "training_efficiency_pct": 100.0 * (1.0 - sum(blocking) / wall),
+        "training_efficiency_pct": 100.0 * (1.0 - sum(blocking) / loop_s) if loop_s else None,
         "training_goodput_pct": 100.0 * useful_steps * step_time / wall,
         "infra_goodput_pct": 100.0 * (wall - downtime) / wall,
         "recovery_seconds_mean": statistics.fmean(recoveries) if recoveries else None,
@@ -99,6 +107,7 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
             "interval": checkpoint_interval,
             "blocking_seconds_total": sum(blocking),
             "blocking_seconds_mean": statistics.fmean(blocking) if blocking else 0.0,
+            "final_seconds": final_s,
             "write_seconds_mean": statistics.fmean(writes) if writes else 0.0,
             "bytes_per_rank": saves[-1]["bytes"] if saves else 0,
         },

@@ -18,7 +18,7 @@ def attach_heartbeat(hooks: Hooks, events: EventLog) -> None:
     client.init_workload_monitoring()
     events.emit("ft_client_ready")
     hooks.on_ready.append(client.send_heartbeat)
-    hooks.on_step.append(lambda step: client.send_heartbeat())
+    hooks.keepalive.append(client.send_heartbeat)
     hooks.meta["ft_client"] = client.state_dict
     hooks.on_restore["ft_client"] = client.load_state_dict
     hooks.keep["ft_client"] = client

@@ -87,7 +87,7 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
                 multi_tenant=True)
             base.keep["app_store"] = store
         hooks = Hooks(store=torch.distributed.PrefixStore(f"attempt{iteration}", store),
-                      iteration=iteration, on_step=[*base.on_step, lambda step: call_wrapper.ping()],
+                      iteration=iteration, keepalive=[*base.keepalive, call_wrapper.ping],
                       on_ready=base.on_ready, meta=base.meta, on_restore=base.on_restore,
                       keep=base.keep)
         return run(cfg, env, events, hooks)

@@ -32,7 +32,7 @@ class Hooks:
 
     store: Optional[dist.Store] = None          # in-process: the wrapper's per-attempt store
     iteration: int = 0                           # in-process attempt number
-    on_step: list[Callable[[int], None]] = field(default_factory=list)  # e.g. heartbeats
+    keepalive: list[Callable[[], None]] = field(default_factory=list)  # heartbeats, pings
     on_ready: list[Callable[[], None]] = field(default_factory=list)
     meta: dict[str, Callable[[], dict]] = field(default_factory=dict)  # saved with checkpoints
     on_restore: dict[str, Callable[[dict], None]] = field(default_factory=dict)
@@ -106,7 +106,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     events.emit("model_ready", params=n_params, iteration=hooks.iteration)
 
     ckpt = hooks.keep.get("ckpt")
-    step = 0
+    step, last_loss = 0, 0.0
     if ckpt is not None:
         ckpt.settle()  # an earlier attempt's write finishes (or is dropped) before we look
         ckpt.rank, ckpt.world_size = env.rank, env.world_size
@@ -115,6 +115,9 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
                                  device=env.device, use_async=cfg.use_async_checkpoint,
                                  keep=cfg.keep_checkpoints, timeout_s=cfg.checkpoint_timeout,
                                  events=events, node_dir=cfg.node_dir, log=print)
+    if ckpt is not None:
+        # Bounded waits (writer, commit, load) keep heartbeats going: only the loop may hang.
+        ckpt.keepalive = lambda: [fn() for fn in hooks.keepalive]
         hooks.keep["ckpt"] = ckpt
         ckpt.start_writer()
     if ckpt is not None:
@@ -125,7 +128,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         else:
             meta = ckpt.restore(model, optimizer, required=cfg.resume == "required")
             if meta is not None:
-                step = int(meta["step"])
+                step, last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
                 ckpt.last_saved_step = step  # never rewrite the checkpoint we resumed from
                 sampler.load_state_dict(meta["sampler"])
                 set_rng_state(meta["rng"], env.device)
@@ -146,7 +149,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     events.emit("train_start", step=step, iteration=hooks.iteration)
     tokens_per_step = env.world_size * cfg.batch_size * cfg.seq_len
     window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
-    loss = torch.zeros((), device=env.device)
+    loss = torch.tensor(last_loss, device=env.device)
 
     while step < cfg.max_steps:
         faults.at_step(step + 1)
@@ -157,8 +160,8 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         step += 1
         loss_value = float(loss.item())  # also waits for the device: honest step times
         dt = time.perf_counter() - t0
-        for fn in hooks.on_step:
-            fn(step)
+        for fn in hooks.keepalive:
+            fn()
         if env.rank == 0:
             events.emit("step", step=step, dt=dt, loss=loss_value)
         if cfg.trace_samples:
@@ -167,7 +170,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         if ckpt:
             ckpt.poll()
             if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < cfg.max_steps:
-                stall = ckpt.save(step, model, optimizer, _meta(sampler, env, hooks))
+                stall = ckpt.save(step, model, optimizer, _meta(sampler, env, hooks, loss_value))
         window_steps += 1
         window_stall += stall
         if step % cfg.log_interval == 0 or step == cfg.max_steps:
@@ -181,7 +184,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
 
     if ckpt:
         if ckpt.last_saved_step != step:
-            ckpt.save(step, model, optimizer, _meta(sampler, env, hooks))
+            ckpt.save(step, model, optimizer, _meta(sampler, env, hooks, float(loss)), final=True)
         ckpt.finish()
     final_loss = loss.clone()
     dist.all_reduce(final_loss)
@@ -193,7 +196,8 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     return summary
 
 
-def _meta(sampler: GlobalSampler, env: DistEnv, hooks: Hooks) -> dict:
-    meta = {"sampler": sampler.state_dict(), "rng": rng_state(env.device), "saved_at": time.time()}
+def _meta(sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float) -> dict:
+    meta = {"sampler": sampler.state_dict(), "rng": rng_state(env.device), "loss": loss,
+            "saved_at": time.time()}
     meta.update({key: fn() for key, fn in hooks.meta.items()})
     return meta

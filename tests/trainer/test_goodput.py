@@ -17,7 +17,8 @@ def test_one_fault_timeline():
            _ev(10.0, "attempt_start"), _ev(10.5, "pg_ready"), _ev(11.0, "ckpt_load", step=3, tier="durable"),
            _ev(11.0, "train_start", step=3)]
     ev += [_ev(11.0 + (s - 3), "step", step=s, dt=1.0) for s in range(4, 11)]  # replay 4..6, then 7..10
-    ev += [_ev(18.0, "train_end", steps_completed=10)]
+    ev += [_ev(17.5, "ckpt_save", step=10, blocking_s=0.25, bytes=100, final=True),
+           _ev(17.9, "ckpt_drain", seconds=0.4), _ev(18.0, "train_end", steps_completed=10)]
     r = summarize(ev, max_steps=10, checkpoint_interval=3)
     assert r["wall_seconds"] == 18.0 and r["step_time_seconds"] == 1.0
     assert r["useful_steps"] == 10
@@ -25,10 +26,14 @@ def test_one_fault_timeline():
     (f,) = r["faults"]
     assert f["steps_lost"] == 3  # steps 4, 5, 6 were trained twice
     assert f["recovery_seconds"] == pytest.approx(12.0 - 8.5)
-    assert f["breakdown_seconds"] == {"detected": 1.0, "restarted": 1.5, "pg_ready": 2.0, "loaded": 2.5}
+    assert f["breakdown_seconds"] == {"detected": 1.0, "restarted": 1.5, "imported": None,
+                                      "pg_ready": 2.0, "model_ready": None, "loaded": 2.5}
     assert f["restored_from"] == "durable"
     assert r["infra_goodput_pct"] == pytest.approx(100 * (18 - 2.5) / 18)
-    assert r["training_efficiency_pct"] == pytest.approx(100 * (1 - 0.5 / 18))
+    # 13 steps of 1 s and one in-loop save that blocked 0.5 s
+    assert r["training_efficiency_pct"] == pytest.approx(100 * (1 - 0.5 / 13.5))
+    assert r["checkpoint"]["final_seconds"] == pytest.approx(0.65)
+    assert r["checkpoint"]["count"] == 2 and r["checkpoint"]["blocking_seconds_total"] == 0.5
     assert r["restarts"] == 1 and r["recovery_seconds_mean"] == pytest.approx(3.5)
 
 

@@ -1,0 +1,63 @@
+# Quick start: `make demo` (train locally through real faults) and `make test` (the whole suite).
+# Each target installs what it needs: a .venv with pinned versions and the cdk CLI from npm.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CDK_VERSION := 2.1148.1
+CDK := .cache/cdk/node_modules/.bin/cdk
+PROFILE ?= p5
+MODE ?=
+OUTPUTS ?= cdk-outputs.json
+TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+NVRX_VERSION ?= 0.7.0
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+
+.PHONY: demo test synth nag deploy destroy manifests image bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints.txt -e '.[trainer,infra,dev]'
+	touch $@
+
+$(CDK):
+	npm install --prefix .cache/cdk --no-audit --no-fund --silent aws-cdk@$(CDK_VERSION)
+
+demo: $(VENV)/.installed
+	$(PY) -m trainer.demo
+
+# pytest exits 5 when it collects no tests: that is not a failure of the code under test.
+test: $(VENV)/.installed $(CDK)
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+synth: $(VENV)/.installed $(CDK)
+	$(CDK) synth --quiet -c profile=$(PROFILE)
+
+nag: $(VENV)/.installed $(CDK)
+	$(CDK) synth --quiet -c profile=$(PROFILE) -c nag=true
+
+deploy: $(VENV)/.installed $(CDK)
+	$(CDK) deploy --all -c profile=$(PROFILE) --outputs-file $(OUTPUTS)
+
+# Delete the training jobs first (`scripts/nvrx-eks cleanup`): pods that mount FSx block its deletion.
+destroy: $(VENV)/.installed $(CDK)
+	scripts/nvrx-eks cleanup --profile $(PROFILE) --outputs $(OUTPUTS)
+	$(CDK) destroy --all --force -c profile=$(PROFILE)
+
+manifests: $(VENV)/.installed
+	$(PY) -m k8s synth --profile $(PROFILE) $(if $(MODE),--mode $(MODE)) --outputs $(OUTPUTS) --outdir dist/$(PROFILE)
+
+# Needs Docker and AWS credentials; pushes an immutable tag (the git commit).
+image: $(VENV)/.installed
+	@image=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) --image-tag $(TAG)) && \
+	registry=$${image%%/*} && region=$$(echo $$registry | cut -d. -f4) && \
+	aws ecr get-login-password --region $$region | docker login --username AWS --password-stdin $$registry && \
+	docker build --build-arg NVRX_VERSION=$(NVRX_VERSION) -t $$image . && docker push $$image
+
+# GPU benchmarks (needs CUDA GPUs); writes bench/results/ and BENCHMARKS.md tables.
+bench:
+	$(PYTHON) -m bench.run all
+
+clean:
+	rm -rf $(VENV) .cache cdk.out dist runs

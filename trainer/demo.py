@@ -1,0 +1,126 @@
+"""`python -m trainer.demo` (what `make demo` runs): the post's two claims, on a laptop.
+
+Part 1, checkpoint cost: the tiny model trained twice with a checkpoint every 10 steps, once
+with blocking (sync) and once with async checkpoints; prints both training efficiencies.
+Part 2, recovery: one seeded fault schedule (exception, hang, exception) in every recovery
+mode; prints the comparison table and writes <out>/report/{report.md,timeline.png}.
+
+Six jobs of 2 CPU ranks, about 5-6 minutes on 2 cores. Each job starts from an empty
+<out>/<job>/ and keeps its whole output in <out>/<job>/output.log; the terminal shows the lines
+that tell the story (steps, faults, restarts, results) with the job's name in front.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from trainer.config import MODES
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ["--model", "tiny", "--log_interval", "20"]
+# Recovery timeouts sized for CPU ranks (the tests use the same): a hang is noticed by the
+# in-process watchdog after 6 s and its rank killed after 14 s; a gloo collective gives up after 4 s.
+FAST_RECOVERY = ["--soft_timeout", "6", "--hard_timeout", "14", "--barrier_timeout", "60",
+                 "--completion_timeout", "60", "--nccl_timeout", "4"]
+FAULTS = ["--fault_count", "3", "--fault_seed", "42", "--fault_after_step", "10",
+          "--fault_types", "exception,hang", "--fault_type_weights", "0.6,0.4"]
+# Local-runner flags per mode: the Job's restart backoff kept short for baseline; ft_launcher's
+# heartbeat timeout short, but above the trainer's hard timeout when in-process restart is on.
+LOCAL = {"baseline": ["--backoff_seconds", "0.5"],
+         "ft_launcher": ["--heartbeat_timeout", "8"],
+         "inprocess": [],
+         "ft_launcher+inprocess": ["--heartbeat_timeout", "20"]}
+JOB_TIMEOUT_S = 300  # a stuck job ends the demo with an error instead of hanging it
+# Trainer and runner lines worth showing live; launcher chatter and tracebacks stay in the log.
+SHOW = re.compile(r"^(step |resumed |no checkpoint |done: |trainer\.local|rank[ =]\d)"
+                  r"|: error: |training goodput|will restart worker group")
+
+
+class DemoError(RuntimeError):
+    """A job failed; the message names it and its log."""
+
+
+def run_job(name: str, mode: str, run_dir: Path, local_args: Sequence[str],
+            trainer_args: Sequence[str]) -> dict:
+    """One local-runner job, streamed to the terminal and its log; returns its results.json."""
+    shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would be resumed from
+    run_dir.mkdir(parents=True)
+    log_path = run_dir / "output.log"
+    cmd = [sys.executable, "-m", "trainer.local", "--mode", mode, "--nproc_per_node", "2",
+           "--run_dir", str(run_dir), "--timeout", str(JOB_TIMEOUT_S), *local_args, "--",
+           *MODEL, *trainer_args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    print(f"\n=== {name}: {mode}, output in {log_path}", flush=True)
+    with log_path.open("w") as log, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        for line in proc.stdout:
+            log.write(line)
+            if SHOW.search(line):
+                print(f"[{name}] {line.rstrip()[:160]}", flush=True)
+    results = run_dir / "results.json"
+    if proc.returncode != 0 or not results.is_file():
+        raise DemoError(f"job {name} failed (exit {proc.returncode}); its log is {log_path}")
+    return json.loads(results.read_text())
+
+
+def checkpoint_cost(out: Path, steps: int) -> None:
+    """Part 1: the same run with sync and async checkpoints; only the blocking time differs."""
+    flags = ["--max_steps", str(steps), "--checkpoint_interval", "10"]
+    sync = run_job("sync", "baseline", out / "sync", [], [*flags, "--use_async_checkpoint", "false"])
+    asyn = run_job("async", "baseline", out / "async", [], [*flags, "--use_async_checkpoint", "true"])
+    print(f"\ncheckpoint cost: {steps} steps, a checkpoint every 10 steps\n"
+          f"{'':24}{'sync':>10}{'async':>10}\n"
+          f"{'training efficiency %':24}{sync['training_efficiency_pct']:>10.2f}"
+          f"{asyn['training_efficiency_pct']:>10.2f}\n"
+          f"{'blocking seconds':24}{sync['checkpoint']['blocking_seconds_total']:>10.2f}"
+          f"{asyn['checkpoint']['blocking_seconds_total']:>10.2f}", flush=True)
+
+
+def recovery(out: Path, steps: int) -> int:
+    """Part 2: the same faults in every mode, then the post's comparison table and timeline."""
+    from trainer import report
+
+    flags = ["--max_steps", str(steps), "--checkpoint_interval", str(steps // 4),
+             *FAULTS, *FAST_RECOVERY]
+    paths = []
+    for mode in MODES:
+        run_dir = out / mode.replace("+", "-")
+        run_job(mode, mode, run_dir, LOCAL[mode], flags)
+        paths.append(str(run_dir / "results.json"))
+    print(f"\nrecovery: {steps} steps, checkpoint every {steps // 4}, the same 3 seeded faults")
+    return report.main([*paths, "--out", str(out / "report")])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/demo", help="directory for the six jobs and the report")
+    p.add_argument("--steps", type=int, default=100, help="training steps per job (at least 40)")
+    args = p.parse_args(argv)
+    if args.steps < 40:  # room for 3 faults after step 10 and 4 checkpoints
+        p.error(f"--steps {args.steps} must be at least 40")
+    out = Path(args.out)
+    started = time.time()
+    try:
+        checkpoint_cost(out, args.steps)
+        rc = recovery(out, args.steps)
+    except DemoError as exc:
+        print(f"python -m trainer.demo: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print(f"demo finished in {time.time() - started:.0f} s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
