@@ -61,6 +61,7 @@ class CheckpointManager:
         self._uncommitted: list[int] = []  # rank 0: steps waiting for every rank's marker
         self.last_saved_step = -1
         self.keepalive: Callable[[], None] = lambda: None
+        self._on_written: Optional[Callable[[], None]] = None
 
     # -- saving ------------------------------------------------------------------------------
     def _staging(self, tensors: dict[str, torch.Tensor]) -> HostBuffer:
@@ -81,16 +82,24 @@ class CheckpointManager:
             self._writer = AsyncWriter()
             self._writer.submit(_warm_up, None)  # finalized along with the first real write
 
-    def save(self, step: int, model, optimizer, meta: dict, final: bool = False) -> float:
+    def save(self, step: int, model, optimizer, meta: dict, final: bool = False,
+             source: Optional[HostBuffer] = None,
+             on_written: Optional[Callable[[], None]] = None) -> float:
         """Checkpoint `step`; returns the seconds training was blocked.
 
         A `final` save is the one at the end of training, reported apart from the in-loop ones.
+        `source` is a buffer that already holds this step's shard (a snapshot slot): it is
+        written as is, and `on_written` runs once the write no longer reads it.
         """
         t0 = time.perf_counter()
         self.wait_for_writer()  # the staging buffer is free only once the last write is done
-        tensors = local_tensors(model, optimizer)
-        buf = self._staging(tensors)
-        buf.stage(tensors, self._stream)
+        if source is None:
+            tensors = local_tensors(model, optimizer)
+            buf = self._staging(tensors)
+            buf.stage(tensors, self._stream)
+        else:
+            buf = source
+            self.stats.bytes_per_rank = buf.layout.total_bytes
         req = ShardWrite(str(buf.path), buf.layout.to_json(),
                          {**meta, "step": step, "world_size": self.world_size, "rank": self.rank,
                           "params": shard_layout(model)},
@@ -100,9 +109,12 @@ class CheckpointManager:
             self.start_writer()
             self._writer.submit(write_shard, req)
             self._in_flight = (step, time.time())
+            self._on_written = on_written
         else:
             marker = write_shard(req)
             self.stats.write_seconds.append(marker["write_seconds"])
+            if on_written:
+                on_written()
         if self.rank == 0:
             self._uncommitted.append(step)
         if not self.use_async:
@@ -142,6 +154,9 @@ class CheckpointManager:
                 step, since = self._in_flight
                 self.stats.write_seconds.append(time.time() - since)
                 self._in_flight = None
+                if self._on_written:
+                    self._on_written()
+                    self._on_written = None
             else:
                 self._check_writer()
         if self.rank == 0:

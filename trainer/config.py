@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn, Optional, Sequence
 
 MODES = ("baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess")
-FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom")
+FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom", "node")
 TIERS = ("memory", "node", "peer")
 RESUME = ("auto", "required", "never")
 DEVICES = ("auto", "cpu", "cuda")

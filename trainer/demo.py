@@ -2,7 +2,7 @@
 
 Part 1, checkpoint cost: the tiny model trained twice with a checkpoint every 10 steps, once
 with blocking (sync) and once with async checkpoints; prints both training efficiencies.
-Part 2, recovery: one seeded fault schedule (exception, hang, exception) in every recovery
+Part 2, recovery: one seeded schedule of 3 faults (exceptions and hangs) in every recovery
 mode; prints the comparison table and writes <out>/report/{report.md,timeline.png}.
 
 Six jobs of 2 CPU ranks, about 5-6 minutes on 2 cores. Each job starts from an empty
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from trainer import report
 from trainer.config import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,6 @@ LOCAL = {"baseline": ["--backoff_seconds", "0.5"],
          "ft_launcher": ["--heartbeat_timeout", "8"],
          "inprocess": [],
          "ft_launcher+inprocess": ["--heartbeat_timeout", "20"]}
-JOB_TIMEOUT_S = 300  # a stuck job ends the demo with an error instead of hanging it
 # Trainer and runner lines worth showing live; launcher chatter and tracebacks stay in the log.
 SHOW = re.compile(r"^(step |resumed |no checkpoint |done: |trainer\.local|rank[ =]\d)"
                   r"|: error: |training goodput|will restart worker group")
@@ -50,13 +50,14 @@ class DemoError(RuntimeError):
 
 
 def run_job(name: str, mode: str, run_dir: Path, local_args: Sequence[str],
-            trainer_args: Sequence[str]) -> dict:
-    """One local-runner job, streamed to the terminal and its log; returns its results.json."""
+            trainer_args: Sequence[str], timeout_s: float) -> dict:
+    """One local-runner job, streamed to the terminal and its log; returns its results.json.
+    A job still running after timeout_s is stopped: a stuck job fails the demo, never hangs it."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would be resumed from
     run_dir.mkdir(parents=True)
     log_path = run_dir / "output.log"
     cmd = [sys.executable, "-m", "trainer.local", "--mode", mode, "--nproc_per_node", "2",
-           "--run_dir", str(run_dir), "--timeout", str(JOB_TIMEOUT_S), *local_args, "--",
+           "--run_dir", str(run_dir), "--timeout", str(timeout_s), *local_args, "--",
            *MODEL, *trainer_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -73,29 +74,35 @@ def run_job(name: str, mode: str, run_dir: Path, local_args: Sequence[str],
     return json.loads(results.read_text())
 
 
+def _timeout(steps: int) -> float:
+    """Seconds a job may take: generous for a slow laptop (here: 0.2 s a step, 10 s a restart)."""
+    return 120.0 + 3.0 * steps
+
+
 def checkpoint_cost(out: Path, steps: int) -> None:
     """Part 1: the same run with sync and async checkpoints; only the blocking time differs."""
     flags = ["--max_steps", str(steps), "--checkpoint_interval", "10"]
-    sync = run_job("sync", "baseline", out / "sync", [], [*flags, "--use_async_checkpoint", "false"])
-    asyn = run_job("async", "baseline", out / "async", [], [*flags, "--use_async_checkpoint", "true"])
-    print(f"\ncheckpoint cost: {steps} steps, a checkpoint every 10 steps\n"
-          f"{'':24}{'sync':>10}{'async':>10}\n"
-          f"{'training efficiency %':24}{sync['training_efficiency_pct']:>10.2f}"
-          f"{asyn['training_efficiency_pct']:>10.2f}\n"
-          f"{'blocking seconds':24}{sync['checkpoint']['blocking_seconds_total']:>10.2f}"
-          f"{asyn['checkpoint']['blocking_seconds_total']:>10.2f}", flush=True)
+    once = ["--job_restarts", "0"]  # no faults here: a failure is real, restarting would hide it
+    sync = run_job("sync", "baseline", out / "sync", once,
+                   [*flags, "--use_async_checkpoint", "false"], _timeout(steps))
+    asyn = run_job("async", "baseline", out / "async", once,
+                   [*flags, "--use_async_checkpoint", "true"], _timeout(steps))
+    rows = report.table_rows([sync, asyn], ["sync", "async"])
+    print(f"\ncheckpoint cost: {steps} steps, a checkpoint every 10 steps")
+    print(f"{'':24}{'sync':>10}{'async':>10}")
+    for key, name in (("training_efficiency_pct", "training efficiency %"),
+                      ("ckpt_blocking_seconds", "blocking seconds")):
+        print(f"{name:24}" + "".join(f"{report.cell(r, key):>10}" for r in rows), flush=True)
 
 
 def recovery(out: Path, steps: int) -> int:
     """Part 2: the same faults in every mode, then the post's comparison table and timeline."""
-    from trainer import report
-
     flags = ["--max_steps", str(steps), "--checkpoint_interval", str(steps // 4),
              *FAULTS, *FAST_RECOVERY]
     paths = []
     for mode in MODES:
         run_dir = out / mode.replace("+", "-")
-        run_job(mode, mode, run_dir, LOCAL[mode], flags)
+        run_job(mode, mode, run_dir, LOCAL[mode], flags, _timeout(steps))
         paths.append(str(run_dir / "results.json"))
     print(f"\nrecovery: {steps} steps, checkpoint every {steps // 4}, the same 3 seeded faults")
     return report.main([*paths, "--out", str(out / "report")])

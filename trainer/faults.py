@@ -1,5 +1,8 @@
 """Deterministic fault injection, reproducing the published example's schedule exactly.
 
+Types: exception, hang (a Python-level stall), sigkill, segfault (a real SIGSEGV), oom (a real
+allocation failure) and node (every rank of one node dies and its node-local memory is lost).
+
 The schedule for a seed is a pure function (same steps, ranks and types everywhere). Each fault
 fires once: before firing, the rank creates a marker file on the checkpoint storage, so a
 rollback that replays the step - after an in-process restart, a launcher restart or a whole-job
@@ -52,6 +55,28 @@ def _hang() -> None:
         time.sleep(0.5)
 
 
+def _lose_node(node_root: Optional[Path]) -> None:
+    """A whole node fails: its memory (the node-local snapshot files) is gone and every rank on
+    it dies at once. The ranks register their pids under the node root at start-up."""
+    import shutil
+
+    pids = []
+    if node_root is not None:
+        for f in (node_root / "pids").glob("rank*"):
+            try:
+                pids.append(int(f.read_text()))
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(node_root, ignore_errors=True)
+    for pid in pids:
+        if pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _segfault() -> None:
     ctypes.string_at(0)  # a real SIGSEGV from reading address 0
 
@@ -79,7 +104,8 @@ class FaultInjector:
 
     def __init__(self, faults: Sequence[Fault], rank: int, record_dir: Optional[Path],
                  events: EventLog, device_type: str, probability: float = 0.0,
-                 types: Sequence[str] = (), weights: Optional[Sequence[float]] = None):
+                 types: Sequence[str] = (), weights: Optional[Sequence[float]] = None,
+                 node_root: Optional[Path] = None):
         self.mine = {f.step: f for f in faults if f.rank == rank}
         self.rank = rank
         self.record_dir = Path(record_dir) / "faults" if record_dir else None
@@ -89,6 +115,7 @@ class FaultInjector:
         self.types = list(types)
         self.weights = list(weights) if weights else None
         self._rng = random.Random()
+        self.node_root = node_root
 
     def _claim(self, fault: Fault) -> bool:
         """True exactly once per fault across every restart: the marker is created atomically."""
@@ -112,10 +139,10 @@ class FaultInjector:
         if fault is None or not self._claim(fault):
             return
         self.events.emit("fault", sync=True, step=step, type=fault.type)
-        fire(fault.type, self.device_type, step)
+        fire(fault.type, self.device_type, step, self.node_root)
 
 
-def fire(kind: str, device_type: str, step: int) -> None:
+def fire(kind: str, device_type: str, step: int, node_root: Optional[Path] = None) -> None:
     if kind == "exception":
         raise InjectedFault(f"injected exception at step {step}")
     if kind == "hang":
@@ -126,4 +153,6 @@ def fire(kind: str, device_type: str, step: int) -> None:
         _segfault()
     elif kind == "oom":
         _oom(device_type)
+    elif kind == "node":
+        _lose_node(node_root)
     raise ValueError(f"unknown fault type {kind!r}")

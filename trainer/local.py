@@ -143,6 +143,7 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
                 time.sleep(0.1)
         except KeyboardInterrupt:
             _stop(procs)
+            print("trainer.local: interrupted; the launchers were stopped", file=sys.stderr)
             return 130
         if failed is None:
             return 0
@@ -159,8 +160,18 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
     return 1
 
 
+def _terminate_on_sigterm() -> None:
+    """A SIGTERM (timeout, Ctrl-C in a wrapper) stops the launchers too, via KeyboardInterrupt:
+    they run in their own sessions and would otherwise outlive us."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args, rest = parse(sys.argv[1:] if argv is None else argv)
+    _terminate_on_sigterm()
     from trainer.config import parse_args
 
     run_dir = Path(args.run_dir or f"runs/{args.mode.replace('+', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")

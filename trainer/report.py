@@ -85,11 +85,15 @@ def table_rows(results: Sequence[dict], labels: Optional[Sequence[str]] = None) 
     return rows
 
 
+def cell(row: dict, key: str) -> str:
+    """One value as the tables print it; unknown values are "-" rather than a made-up 0."""
+    fmt = next(f for k, _, f in COLUMNS if k == key)
+    return "-" if row.get(key) is None else fmt.format(row[key])
+
+
 def _cells(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     headers = [header for _, header, _ in COLUMNS]
-    body = [["-" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in COLUMNS]
-            for row in rows]
-    return headers, body
+    return headers, [[cell(row, key) for key, _, _ in COLUMNS] for row in rows]
 
 
 def render_text(rows: Sequence[dict]) -> str:

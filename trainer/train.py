@@ -6,6 +6,7 @@ restart the process), so it keeps no state between calls except what it is hande
 
 from __future__ import annotations
 
+import base64
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,12 +18,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainConfig
 from trainer.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.events import EventLog
 from trainer.faults import FaultInjector, schedule
 from trainer.parallel import DistEnv, build_sharded_model, full_param_sha256, init_process_group
+from trainer.recovery import StateKeeper
 from trainer.state import ensure_optimizer_state
 
 
@@ -48,16 +49,20 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
+    """Generator states as text, so they fit a JSON snapshot header as well as a checkpoint."""
+    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
     if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
+        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state(device).numpy().tobytes()).decode()
     return state
 
 
 def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
+    def decode(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+    torch.set_rng_state(decode(state["torch"]))
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(decode(state["cuda"]), device)
 
 
 class Rank0Log:
@@ -69,7 +74,8 @@ class Rank0Log:
             print(msg, flush=True)
 
 
-def train_step(model, optimizer, tokens: torch.Tensor, lr: float, grad_clip: float) -> torch.Tensor:
+def train_step(model, optimizer, tokens: torch.Tensor, lr: float, grad_clip: float,
+               before_optimizer: Callable[[], None] = lambda: None) -> torch.Tensor:
     for group in optimizer.param_groups:
         group["lr"] = lr
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -78,6 +84,7 @@ def train_step(model, optimizer, tokens: torch.Tensor, lr: float, grad_clip: flo
     loss.backward()
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    before_optimizer()  # snapshot copies of the previous step must finish reading the state
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
@@ -105,49 +112,35 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     sampler = GlobalSampler(len(data), cfg.seed)
     events.emit("model_ready", params=n_params, iteration=hooks.iteration)
 
-    ckpt = hooks.keep.get("ckpt")
+    keeper = StateKeeper(cfg, env, events, hooks.keep, lambda: [fn() for fn in hooks.keepalive], log)
+    keeper.prepare(model, optimizer)
     step, last_loss = 0, 0.0
-    if ckpt is not None:
-        ckpt.settle()  # an earlier attempt's write finishes (or is dropped) before we look
-        ckpt.rank, ckpt.world_size = env.rank, env.world_size
+    meta = keeper.restore(model, optimizer)
+    if meta is not None:
+        step, last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
+        sampler.load_state_dict(meta["sampler"])
+        set_rng_state(meta["rng"], env.device)
+        for key, fn in hooks.on_restore.items():
+            if key in meta:
+                fn(meta[key])
+        log(f"resumed from step {step} ({cfg.checkpoint_dir})")
     elif cfg.checkpoint_dir:
-        ckpt = CheckpointManager(cfg.checkpoint_dir, rank=env.rank, world_size=env.world_size,
-                                 device=env.device, use_async=cfg.use_async_checkpoint,
-                                 keep=cfg.keep_checkpoints, timeout_s=cfg.checkpoint_timeout,
-                                 events=events, node_dir=cfg.node_dir, log=print)
-    if ckpt is not None:
-        # Bounded waits (writer, commit, load) keep heartbeats going: only the loop may hang.
-        ckpt.keepalive = lambda: [fn() for fn in hooks.keepalive]
-        hooks.keep["ckpt"] = ckpt
-        ckpt.start_writer()
-    if ckpt is not None:
-        if cfg.resume == "never":
-            if ckpt.store.latest_step() is not None:
-                raise ValueError(f"--resume never, but {cfg.checkpoint_dir} already holds "
-                                 "checkpoints; use a new --checkpoint_dir")
-        else:
-            meta = ckpt.restore(model, optimizer, required=cfg.resume == "required")
-            if meta is not None:
-                step, last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
-                ckpt.last_saved_step = step  # never rewrite the checkpoint we resumed from
-                sampler.load_state_dict(meta["sampler"])
-                set_rng_state(meta["rng"], env.device)
-                for key, fn in hooks.on_restore.items():
-                    if key in meta:
-                        fn(meta[key])
-                log(f"resumed from step {step} ({cfg.checkpoint_dir})")
-            else:
-                log(f"no checkpoint in {cfg.checkpoint_dir}: starting from step 0")
+        log(f"no checkpoint in {cfg.checkpoint_dir}: starting from step 0")
 
     faults = FaultInjector(
         schedule(cfg.fault_seed, cfg.fault_count, cfg.fault_after_step, cfg.max_steps,
                  env.world_size, cfg.fault_types, cfg.fault_type_weights or None),
         env.rank, Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None, events,
-        env.device.type, cfg.fault_probability, cfg.fault_types, cfg.fault_type_weights or None)
+        env.device.type, cfg.fault_probability, cfg.fault_types, cfg.fault_type_weights or None,
+        keeper.node_root)
     for fn in hooks.on_ready:
         fn()
     events.emit("train_start", step=step, iteration=hooks.iteration)
     tokens_per_step = env.world_size * cfg.batch_size * cfg.seq_len
+
+    def state_meta(at_step: int) -> dict:
+        return _meta(at_step, sampler, env, hooks, float(loss))
+
     window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
     loss = torch.tensor(last_loss, device=env.device)
 
@@ -156,7 +149,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         t0 = time.perf_counter()
         indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
         batch = torch.from_numpy(np.stack([data.sample(i) for i in indices])).to(env.device)
-        loss = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip)
+        loss = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip, keeper.fence)
         step += 1
         loss_value = float(loss.item())  # also waits for the device: honest step times
         dt = time.perf_counter() - t0
@@ -166,11 +159,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
             events.emit("step", step=step, dt=dt, loss=loss_value)
         if cfg.trace_samples:
             events.emit("samples", step=step, indices=indices)
-        stall = 0.0
-        if ckpt:
-            ckpt.poll()
-            if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < cfg.max_steps:
-                stall = ckpt.save(step, model, optimizer, _meta(sampler, env, hooks, loss_value))
+        stall = keeper.after_step(step, model, optimizer, state_meta)
         window_steps += 1
         window_stall += stall
         if step % cfg.log_interval == 0 or step == cfg.max_steps:
@@ -182,22 +171,19 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
                 f"ckpt stall {window_stall:.3f} s")
             window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
 
-    if ckpt:
-        if ckpt.last_saved_step != step:
-            ckpt.save(step, model, optimizer, _meta(sampler, env, hooks, float(loss)), final=True)
-        ckpt.finish()
+    keeper.finish(step, model, optimizer, state_meta)
     final_loss = loss.clone()
     dist.all_reduce(final_loss)
     sha = full_param_sha256(model)
     summary = {"steps_completed": step, "final_loss": float(final_loss) / env.world_size,
-               "param_sha256": sha,
-               "checkpoint": ckpt.stats.to_json() if ckpt else None}
+               "param_sha256": sha, **keeper.stats()}
     events.emit("train_end", **summary)
     return summary
 
 
-def _meta(sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float) -> dict:
-    meta = {"sampler": sampler.state_dict(), "rng": rng_state(env.device), "loss": loss,
-            "saved_at": time.time()}
+def _meta(step: int, sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float) -> dict:
+    """Everything besides tensors that a resume needs; JSON-able (snapshot headers are JSON)."""
+    meta = {"step": step, "sampler": sampler.state_dict(), "rng": rng_state(env.device),
+            "loss": loss, "saved_at": time.time()}
     meta.update({key: fn() for key, fn in hooks.meta.items()})
     return meta

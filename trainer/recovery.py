@@ -1,0 +1,161 @@
+"""What the training loop keeps so a fault costs little: snapshots in host memory, on the node
+and on a peer, and durable checkpoints; and the choice of where to resume from.
+
+The loop sees one object: it calls `after_step` every step, `fence` before the optimizer step,
+and `restore` once per attempt. Both keepers outlive an in-process restart (hooks.keep).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from trainer.checkpoint import CheckpointManager, default_node_dir, run_key
+from trainer.config import TrainConfig
+from trainer.events import EventLog
+from trainer.parallel import DistEnv
+from trainer.snapshot import Snapshotter
+from trainer.staging import Layout
+from trainer.state import local_tensors, restore, shard_layout
+
+MetaFn = Callable[[int], dict]
+
+
+class StateKeeper:
+    def __init__(self, cfg: TrainConfig, env: DistEnv, events: EventLog, keep: dict,
+                 keepalive: Callable[[], None], log: Callable[[str], None]):
+        self.cfg, self.env, self.events, self.log = cfg, env, events, log
+        self.ckpt: Optional[CheckpointManager] = keep.get("ckpt")
+        self.snap: Optional[Snapshotter] = keep.get("snap")
+        self.fresh = self.snap is None  # no snapshotter survived: this is a new process
+        if self.ckpt is not None:
+            self.ckpt.settle()  # an earlier attempt's write lands (or is dropped) first
+            self.ckpt.rank, self.ckpt.world_size = env.rank, env.world_size
+        elif cfg.checkpoint_dir:
+            self.ckpt = CheckpointManager(
+                cfg.checkpoint_dir, rank=env.rank, world_size=env.world_size, device=env.device,
+                use_async=cfg.use_async_checkpoint, keep=cfg.keep_checkpoints,
+                timeout_s=cfg.checkpoint_timeout, events=events, node_dir=cfg.node_dir, log=print)
+        if self.ckpt is not None:
+            self.ckpt.keepalive = keepalive  # bounded waits keep heartbeats going
+            self.ckpt.start_writer()
+            keep["ckpt"] = self.ckpt
+        self.node_root = None
+        if cfg.checkpoint_dir:
+            self.node_root = Path(cfg.node_dir or default_node_dir()) / run_key(cfg.checkpoint_dir)
+            pids = self.node_root / "pids"
+            pids.mkdir(parents=True, exist_ok=True)
+            (pids / f"rank{env.rank:05d}").write_text(str(os.getpid()))
+        if cfg.tiers and self.snap is None:
+            self.snap = Snapshotter(self.node_root / "snapshots", rank=env.rank, world_size=env.world_size,
+                                    local_world_size=env.local_world_size, device=env.device,
+                                    tiers=cfg.tiers, budget_gib=cfg.memory_budget_gib,
+                                    events=events, log=log)
+            keep["snap"] = self.snap
+        if self.snap is not None:
+            self.snap.settle()  # a replication of the failed attempt ends (or is abandoned)
+            self.snap.drop_pending()
+            self.snap.attach()
+
+    # -- resume ------------------------------------------------------------------------------
+    def prepare(self, model, optimizer) -> None:
+        """Map the snapshot buffers now: a budget too small fails before training starts."""
+        if self.snap is not None:
+            self.snap.allocate(Layout.of(local_tensors(model, optimizer)))
+
+    def restore(self, model, optimizer) -> Optional[dict]:
+        """Resume from the newest state every rank can obtain: snapshot tiers, then durable."""
+        if self.ckpt is None or self.cfg.resume == "never":
+            if self.ckpt is not None and self.ckpt.store.latest_step() is not None:
+                raise ValueError(f"--resume never, but {self.cfg.checkpoint_dir} already holds "
+                                 "checkpoints; use a new --checkpoint_dir")
+            return None
+        meta = self._restore_snapshot(model, optimizer)
+        if meta is None:
+            meta = self.ckpt.restore(model, optimizer, required=self.cfg.resume == "required")
+        if meta is not None:
+            self.ckpt.last_saved_step = int(meta["step"])  # never rewrite the resume point
+        return meta
+
+    def _restore_snapshot(self, model, optimizer) -> Optional[dict]:
+        if self.snap is None:
+            return None
+        t0 = time.time()
+        inventories: list = [None] * self.env.world_size
+        dist.all_gather_object(inventories, self.snap.inventory())
+        step = self.snap.choose(inventories)
+        durable = self.ckpt.store.latest_step()
+        if step is None or (durable is not None and durable > step):
+            return None
+        flat, meta, tier = self.snap.restore_shard(step, inventories, self.fresh)
+        layout = Layout.of(local_tensors(model, optimizer))
+        restore(model, optimizer, [(layout.views(flat), shard_layout(model))])
+        dist.barrier()  # every transfer is done: node files of ranks now elsewhere can go
+        if self.env.local_rank == 0:
+            first = self.env.node_rank * self.env.local_world_size
+            self.snap.forget_others(range(first, first + self.env.local_world_size))
+        self.events.emit("snapshot_load", step=step, tier=tier, bytes=layout.total_bytes,
+                         seconds=time.time() - t0)
+        self.log(f"resumed from the step-{step} snapshot ({tier} tier)")
+        return meta
+
+    # -- every step --------------------------------------------------------------------------
+    def fence(self) -> None:
+        if self.snap is not None and self.env.device.type == "cuda":
+            self.snap.fence()
+
+    def after_step(self, step: int, model, optimizer, meta: MetaFn) -> float:
+        """Snapshot and checkpoint as due; returns the seconds the loop was blocked."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        durable_due = bool(cfg.checkpoint_interval) and step % cfg.checkpoint_interval == 0 \
+            and step < cfg.max_steps
+        if self.ckpt is not None:
+            self.ckpt.poll()
+        slot = None
+        if self.snap is not None:
+            self.snap.poll()
+            if step % cfg.snapshot_interval == 0 or durable_due:
+                slot = self.snap.take(step, local_tensors(model, optimizer), meta(step))
+                self.snap.maybe_replicate()
+        if durable_due:
+            self._durable(step, model, optimizer, meta, slot)
+        return time.perf_counter() - t0
+
+    def _durable(self, step: int, model, optimizer, meta: MetaFn, slot, final: bool = False) -> None:
+        if slot is None:  # no snapshot to write from: the manager stages its own copy
+            self.ckpt.save(step, model, optimizer, meta(step), final=final)
+            return
+        self.snap.poll(wait=True)  # the slot's copy must be complete before it is written
+        slot.pins += 1
+
+        def release() -> None:
+            slot.pins -= 1
+
+        self.ckpt.save(step, model, optimizer, slot.meta, final=final, source=slot.buffer,
+                       on_written=release)
+
+    def finish(self, step: int, model, optimizer, meta: MetaFn) -> None:
+        if self.snap is not None:
+            self.snap.poll(wait=True)
+        if self.ckpt is not None:
+            if self.ckpt.last_saved_step != step:
+                self.ckpt.save(step, model, optimizer, meta(step), final=True)
+            self.ckpt.finish()
+        if self.snap is not None:
+            self.snap.close(remove=True)  # the run is complete: free the node's memory
+        if self.node_root is not None:
+            (self.node_root / "pids" / f"rank{self.env.rank:05d}").unlink(missing_ok=True)
+
+    def stats(self) -> dict:
+        out = {}
+        if self.ckpt is not None:
+            out["checkpoint"] = self.ckpt.stats.to_json()
+        if self.snap is not None:
+            out["snapshots"] = dict(self.snap.stats)
+        return out

@@ -1,0 +1,382 @@
+"""Snapshot tiers: the newest state of every rank in host memory, on its node, and on a peer.
+
+Each rank copies its shard into one of two slots (double buffering) every --snapshot_interval
+steps. A slot is a file-backed shared buffer in the node-local directory (/dev/shm or the
+instance-store NVMe), so it serves two tiers at once:
+- memory: after an in-process restart the very same mapped buffer is read back (no I/O);
+- node:   after a process restart (ft_launcher) the new process maps the files again.
+The peer tier sends the newest snapshot, in the background over a separate gloo group, to the
+same local rank on the next node, which keeps it in two replica slots: a lost node's ranks pull
+their shards back from there instead of reading the durable store.
+
+A slot's header (JSON beside it) is removed before the slot is overwritten and written only after
+the copy (or the receive) is complete, so a torn snapshot is never visible. Recovery picks the
+newest step that every rank can obtain from some tier, agreed through one all-gather.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from trainer.atomic import write_json_atomic
+from trainer.config import ConfigError
+from trainer.events import EventLog
+from trainer.staging import HostBuffer, Layout
+
+SLOTS = 2
+_CHUNK = 256 << 20  # peer transfers go in pieces: bounded gloo messages, steady progress
+SLOW_SNAPSHOT_ENV = "NVRX_EKS_SLOW_SNAPSHOT_S"  # fault-injection knob: widens the copy window
+
+
+@dataclass
+class Slot:
+    """One snapshot buffer and what it holds."""
+
+    buffer: HostBuffer
+    header: Path
+    step: int = -1              # committed snapshot step; -1 while empty or being rewritten
+    meta: Optional[dict] = None
+    pins: int = 0               # readers (a durable write, a peer send) that need it unchanged
+    pending: Optional[tuple[int, dict, object]] = None  # (step, meta, cuda event) until copied
+
+    def invalidate(self) -> None:
+        self.header.unlink(missing_ok=True)
+        self.step, self.meta = -1, None
+
+    def commit(self, step: int, meta: dict, extra: dict) -> None:
+        write_json_atomic(self.header, {"step": step, "meta": meta,
+                                        "layout": self.buffer.layout.to_json(), **extra})
+        self.step, self.meta = step, meta
+
+
+def read_header(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def required_bytes(shard_bytes: int, peer: bool) -> int:
+    """Host memory the tiers need per rank: two own slots, plus two replica slots with a peer."""
+    return shard_bytes * SLOTS * (2 if peer else 1)
+
+
+class Snapshotter:
+    def __init__(self, root: Path, *, rank: int, world_size: int, local_world_size: int,
+                 device: torch.device, tiers: tuple[str, ...], budget_gib: float,
+                 events: EventLog, log: Callable[[str], None] = print):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.rank, self.world_size = rank, world_size
+        self.local_world_size = local_world_size
+        self.device = device
+        self.peer_enabled = "peer" in tiers and world_size > local_world_size
+        self.keep_files = "node" in tiers or self.peer_enabled
+        self.budget_gib = budget_gib
+        self.events = events
+        self.log = log
+        self.slots: list[Slot] = []
+        self.replicas: list[Slot] = []
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._peer_group = None
+        self._peer_thread: Optional[threading.Thread] = None
+        self._peer_error: Optional[BaseException] = None
+        self.stats = {"count": 0, "blocking_seconds": 0.0, "skipped": 0, "peer_sends": 0,
+                      "peer_seconds": 0.0}
+        if "peer" in tiers and not self.peer_enabled:
+            log("peer tier off: every rank is on one node, so there is no other node to hold a replica")
+
+    # -- peers -------------------------------------------------------------------------------
+    @property
+    def successor(self) -> int:
+        """Who holds this rank's replica: the same local rank on the next node."""
+        return (self.rank + self.local_world_size) % self.world_size
+
+    @property
+    def predecessor(self) -> int:
+        return (self.rank - self.local_world_size) % self.world_size
+
+    def attach(self) -> None:
+        """Per attempt, after the process group is up: a gloo group for host-to-host copies."""
+        if self.world_size > 1:
+            self._peer_group = dist.new_group(backend="gloo")
+
+    # -- buffers -----------------------------------------------------------------------------
+    def _path(self, name: str) -> Path:
+        return self.root / name
+
+    def allocate(self, layout: Layout) -> None:
+        """Check the budget and map the own slots (once per process); errors before training."""
+        need = required_bytes(layout.total_bytes, self.peer_enabled)
+        if self.budget_gib and need > self.budget_gib * 2**30:
+            kinds = "2 own + 2 peer replicas" if self.peer_enabled else "2 own"
+            raise ConfigError(
+                f"--memory_budget_gib {self.budget_gib:g} cannot hold the snapshot buffers: "
+                f"{SLOTS * (2 if self.peer_enabled else 1)} shards of "
+                f"{layout.total_bytes / 2**30:.2f} GiB ({kinds}) need {need / 2**30:.2f} GiB per rank")
+        if self.slots and self.slots[0].buffer.layout == layout:
+            return
+        pin = self.device.type == "cuda"
+        self.slots = [Slot(HostBuffer(self._path(f"rank{self.rank:05d}.slot{i}.buf"), layout, pin),
+                           self._path(f"rank{self.rank:05d}.slot{i}.json")) for i in range(SLOTS)]
+        for slot in self.slots:  # adopt what a previous process of this rank left (node tier)
+            h = read_header(slot.header)
+            if h and h.get("world_size") == self.world_size and Layout.from_json(h["layout"]) == layout:
+                slot.step, slot.meta = h["step"], h["meta"]
+            else:
+                slot.invalidate()
+
+    def _replica_slots(self, layout: Layout) -> list[Slot]:
+        if not self.replicas or self.replicas[0].buffer.layout != layout:
+            src = self.predecessor
+            self.replicas = [Slot(HostBuffer(self._path(f"replica.of{src:05d}.slot{i}.buf"), layout,
+                                             pin=False),
+                                  self._path(f"replica.of{src:05d}.slot{i}.json"))
+                             for i in range(SLOTS)]
+        return self.replicas
+
+    # -- taking snapshots --------------------------------------------------------------------
+    def newest(self) -> Optional[Slot]:
+        done = [s for s in self.slots if s.step >= 0]
+        return max(done, key=lambda s: s.step) if done else None
+
+    def _free_slot(self) -> Optional[Slot]:
+        newest = self.newest()
+        free = [s for s in self.slots if s.pins == 0 and s.pending is None]
+        others = [s for s in free if s is not newest]
+        return (others or free or [None])[0]
+
+    def take(self, step: int, tensors: dict[str, torch.Tensor], meta: dict) -> Optional[Slot]:
+        """Start copying this step's shard into a free slot (asynchronously on CUDA)."""
+        t0 = time.perf_counter()
+        self.allocate(Layout.of(tensors))
+        slot = self._free_slot()
+        if slot is None:  # every slot is being read: skip, recovery uses what exists
+            self.stats["skipped"] += 1
+            return None
+        slot.invalidate()
+        if self._stream is None:
+            slot.buffer.stage(tensors)
+            if SLOW_SNAPSHOT_ENV in os.environ:
+                time.sleep(float(os.environ[SLOW_SNAPSHOT_ENV]))
+            slot.commit(step, meta, self._header_extra())
+        else:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._stream):
+                for name, dst in slot.buffer.views.items():
+                    dst.copy_(tensors[name], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            slot.pending = (step, meta, event)
+        self.stats["count"] += 1
+        self.stats["blocking_seconds"] += time.perf_counter() - t0
+        return slot
+
+    def fence(self) -> None:
+        """Before the optimizer changes the state: its kernels wait for pending copies (on the
+        GPU, without blocking the CPU)."""
+        for slot in self.slots:
+            if slot.pending is not None:
+                torch.cuda.current_stream(self.device).wait_event(slot.pending[2])
+
+    def poll(self, wait: bool = False) -> None:
+        """Commit the slots whose copy has finished; with `wait`, block until they all have."""
+        for slot in self.slots:
+            if slot.pending is None:
+                continue
+            step, meta, event = slot.pending
+            if wait:
+                event.synchronize()
+            elif not event.query():
+                continue
+            slot.pending = None
+            slot.commit(step, meta, self._header_extra())
+
+    def _header_extra(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size, "saved_at": time.time()}
+
+    # -- peer replication --------------------------------------------------------------------
+    def maybe_replicate(self) -> None:
+        """At a snapshot step: if every rank finished its last exchange, start the next one.
+
+        The decision is one all-reduce, so all ranks start an exchange at the same step.
+        """
+        if not self.peer_enabled or self._peer_group is None:
+            return
+        if self._peer_error is not None:
+            raise RuntimeError(f"peer replication failed: {self._peer_error}")
+        idle = self._peer_thread is None or not self._peer_thread.is_alive()
+        newest = self.newest()
+        flag = torch.tensor([1 if idle and newest is not None else 0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not int(flag.item()):
+            return
+        newest.pins += 1
+        self._peer_thread = threading.Thread(target=self._exchange, args=(newest,), daemon=True,
+                                             name="peer-replication")
+        self._peer_thread.start()
+
+    def _exchange(self, slot: Slot) -> None:
+        """Send our newest snapshot to the successor; receive the predecessor's into a replica."""
+        t0 = time.time()
+        try:
+            header = {"step": slot.step, "meta": slot.meta, "layout": slot.buffer.layout.to_json(),
+                      **self._header_extra()}
+            theirs = self._swap_objects(header)
+            replicas = self._replica_slots(Layout.from_json(theirs["layout"]))
+            target = min(replicas, key=lambda s: s.step)  # keep the newer replica valid
+            target.invalidate()
+            self._swap_tensor(slot.buffer.flat, target.buffer.flat)
+            write_json_atomic(target.header, theirs)
+            target.step, target.meta = theirs["step"], theirs["meta"]
+            self.stats["peer_sends"] += 1
+            self.stats["peer_seconds"] += time.time() - t0
+        except BaseException as exc:  # surfaced on the training thread at the next snapshot
+            self._peer_error = exc
+        finally:
+            slot.pins -= 1
+
+    def _swap_objects(self, obj: dict) -> dict:
+        data = json.dumps(obj).encode()
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        their_size = torch.empty(1, dtype=torch.int64)
+        self._sendrecv(size, their_size)
+        buf = torch.empty(int(their_size.item()), dtype=torch.uint8)
+        self._sendrecv(torch.frombuffer(bytearray(data), dtype=torch.uint8), buf)
+        return json.loads(bytes(buf.numpy()))
+
+    def _swap_tensor(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        n = max(send.numel(), recv.numel())
+        for off in range(0, n, _CHUNK):
+            self._sendrecv(send[off:off + _CHUNK], recv[off:off + _CHUNK])
+
+    def _sendrecv(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        ops = []
+        if send.numel():
+            ops.append(dist.isend(send.contiguous(), self.successor, group=self._peer_group))
+        if recv.numel():
+            ops.append(dist.irecv(recv, self.predecessor, group=self._peer_group))
+        for op in ops:
+            op.wait()
+
+    def settle(self) -> None:
+        """Wait for a running exchange (an attempt ends); its replica stays valid if complete."""
+        if self._peer_thread is not None:
+            self._peer_thread.join(timeout=60)
+        self._peer_thread, self._peer_error = None, None
+        self._peer_group = None
+
+    # -- recovery ----------------------------------------------------------------------------
+    def drop_pending(self) -> None:
+        """After a fault, unfinished copies are abandoned: their slots stay invalid."""
+        for slot in self.slots:
+            slot.pending = None
+
+    def inventory(self) -> dict[int, dict[int, dict]]:
+        """Every snapshot on this node, own or replica, by the rank it belongs to and its step.
+
+        Ranks may land on other nodes after a restart, so a rank offers whatever its node holds.
+        """
+        out: dict[int, dict[int, dict]] = {}
+        for header in sorted(self.root.glob("*.json")):
+            h = read_header(header)
+            if not h or h.get("world_size") != self.world_size or "rank" not in h:
+                continue
+            buf = header.with_suffix(".buf")
+            if buf.is_file() and buf.stat().st_size >= h["layout"]["total_bytes"]:
+                out.setdefault(int(h["rank"]), {})[int(h["step"])] = {
+                    "path": str(buf), "meta": h["meta"], "layout": h["layout"],
+                    "replica": header.name.startswith("replica.")}
+        return out
+
+    def choose(self, inventories: list[dict]) -> Optional[int]:
+        """The newest step for which every rank's shard exists on some node."""
+        have: dict[int, set[int]] = {}
+        for inv in inventories:
+            for rank, steps in inv.items():
+                for step in steps:
+                    have.setdefault(step, set()).add(rank)
+        full = [step for step, ranks in have.items() if len(ranks) == self.world_size]
+        return max(full) if full else None
+
+    @staticmethod
+    def holders(step: int, inventories: list[dict]) -> dict[int, int]:
+        """Who provides each rank's shard: the rank itself when its node has it, else the lowest
+        rank whose node does."""
+        out = {}
+        for rank in range(len(inventories)):
+            if step in inventories[rank].get(rank, {}):
+                out[rank] = rank
+            else:
+                out[rank] = min(h for h, inv in enumerate(inventories) if step in inv.get(rank, {}))
+        return out
+
+    def restore_shard(self, step: int, inventories: list[dict], fresh: bool) -> tuple[torch.Tensor, dict, str]:
+        """This rank's snapshot of `step` as a flat host tensor, its meta, and the tier it came
+        from; a rank whose node lost it receives it from a holder. Every rank calls this."""
+        holders = self.holders(step, inventories)
+        ops, keep_alive = [], []
+        for rank, holder in holders.items():
+            if holder == self.rank and rank != self.rank:  # serve a rank that lost its node
+                entry = inventories[self.rank][rank][step]
+                flat = self._map(entry)
+                keep_alive.append(flat)
+                ops.append(("send", rank, flat))
+        mine = holders[self.rank]
+        if mine == self.rank:
+            entry = inventories[self.rank][self.rank][step]
+            own = next((s for s in self.slots if s.step == step), None)
+            if own is not None and not fresh:
+                flat, tier = own.buffer.flat, "memory"
+            else:
+                flat, tier = self._map(entry), ("peer" if entry["replica"] else "node")
+            meta = entry["meta"]
+        else:
+            entry = inventories[mine][self.rank][step]
+            slot = self._free_slot() or self.slots[0]
+            slot.invalidate()
+            flat, tier, meta = slot.buffer.flat, "peer", entry["meta"]
+            ops.append(("recv", mine, flat))
+            keep_alive.append(slot)
+        for off in range(0, max([t.numel() for _, _, t in ops] or [0]), _CHUNK):
+            works = [(dist.isend if kind == "send" else dist.irecv)(t[off:off + _CHUNK], peer,
+                                                                     group=self._peer_group)
+                     for kind, peer, t in ops if off < t.numel()]
+            for w in works:
+                w.wait()
+        if mine != self.rank:
+            slot.commit(step, meta, self._header_extra())
+        return flat, meta, tier
+
+    def _map(self, entry: dict) -> torch.Tensor:
+        from trainer.staging import map_file
+
+        return map_file(Path(entry["path"]), entry["layout"]["total_bytes"], writable=False)
+
+    def forget_others(self, local_ranks: range) -> None:
+        """After a restore: drop node files of ranks that now live elsewhere (call on one local
+        rank, after a barrier)."""
+        keep = {f"rank{r:05d}." for r in local_ranks}
+        keep |= {f"replica.of{(r - self.local_world_size) % self.world_size:05d}." for r in local_ranks}
+        for f in self.root.iterdir():
+            if f.is_file() and not any(f.name.startswith(k) for k in keep):
+                f.unlink(missing_ok=True)
+
+    def close(self, remove: bool = False) -> None:
+        """Unmap the buffers; their files stay for the node tier unless `remove`."""
+        self.settle()
+        for slot in self.slots + self.replicas:
+            gone = remove or not self.keep_files
+            slot.buffer.close(unlink=gone)
+            if gone:
+                slot.header.unlink(missing_ok=True)
+        self.slots, self.replicas = [], []
