@@ -8,7 +8,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from trainer.config import TrainConfig, parse_args
+from trainer.config import ConfigError, TrainConfig, parse_args
 
 
 def events_path(cfg: TrainConfig) -> Optional[Path]:
@@ -55,10 +55,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"python -m trainer: error: {exc}", file=sys.stderr)
         return 2
     events.emit("imported")
-    try:
-        from trainer.train import Hooks, run
+    from trainer.recovery import StateKeeper
+    from trainer.train import Hooks, run
 
-        hooks = Hooks()
+    hooks, failed = Hooks(), True
+    try:
         if cfg.ft_launcher:
             from trainer.heartbeat import attach_heartbeat
 
@@ -69,12 +70,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             summary = run_inprocess(cfg, env, events, hooks)
         else:
             summary = run(cfg, env, events, hooks)
+        failed = False
+    except ConfigError as exc:  # a setting that only fails once the model is known
+        events.emit("error", type="ConfigError", message=str(exc), sync=True)
+        print(f"python -m trainer: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     except Exception as exc:  # one clear line per rank; the traceback goes to stderr below it
         events.emit("error", type=type(exc).__name__, message=str(exc)[:500], sync=True)
         print(f"rank {env.rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         traceback.print_exc()
         return 1
     finally:
+        StateKeeper.release(hooks.keep, failed)
         if dist.is_initialized():
             dist.destroy_process_group()
     if env.rank == 0:

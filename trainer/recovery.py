@@ -43,7 +43,6 @@ class StateKeeper:
                 timeout_s=cfg.checkpoint_timeout, events=events, node_dir=cfg.node_dir, log=print)
         if self.ckpt is not None:
             self.ckpt.keepalive = keepalive  # bounded waits keep heartbeats going
-            self.ckpt.start_writer()
             keep["ckpt"] = self.ckpt
         self.node_root = None
         if cfg.checkpoint_dir:
@@ -64,9 +63,12 @@ class StateKeeper:
 
     # -- resume ------------------------------------------------------------------------------
     def prepare(self, model, optimizer) -> None:
-        """Map the snapshot buffers now: a budget too small fails before training starts."""
+        """Map the snapshot buffers (a budget too small fails here, before training starts),
+        then start the background writer so the first checkpoint pays no process start."""
         if self.snap is not None:
             self.snap.allocate(Layout.of(local_tensors(model, optimizer)))
+        if self.ckpt is not None:
+            self.ckpt.start_writer()
 
     def restore(self, model, optimizer) -> Optional[dict]:
         """Resume from the newest state every rank can obtain: snapshot tiers, then durable."""
@@ -151,6 +153,15 @@ class StateKeeper:
             self.snap.close(remove=True)  # the run is complete: free the node's memory
         if self.node_root is not None:
             (self.node_root / "pids" / f"rank{self.env.rank:05d}").unlink(missing_ok=True)
+
+    @staticmethod
+    def release(keep: dict, failed: bool) -> None:
+        """At process exit: stop the writer (at once after a failure) and unmap the buffers.
+        A writer left running would hold the interpreter's exit forever."""
+        if keep.get("ckpt") is not None:
+            keep["ckpt"].close(abort=failed)
+        if keep.get("snap") is not None:
+            keep["snap"].close()
 
     def stats(self) -> dict:
         out = {}
