@@ -12,7 +12,8 @@ Definitions (also in the README):
   steps_lost = last step completed before the fault - step resumed from.
 - infra_goodput_pct = 100 * (wall - sum of fault -> training resumed) / wall.
 - training_efficiency_pct = 100 * (1 - B / (S + B)), the share of the training loop's time not
-  blocked by checkpoints: B = blocking seconds of the in-loop saves, S = the sum of step times.
+  blocked by checkpointing: B = seconds the loop spent after its steps taking snapshots and
+  checkpoints, S = the sum of step times.
   The save at the end of training and the final wait for the last background write are reported
   apart (checkpoint.final_seconds): they end a run, they do not slow its steady state.
 """
@@ -65,8 +66,6 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
     for i, f in enumerate(fault_events):
         t_f = f["t"]
         until = fault_events[i + 1]["t"] if i + 1 < len(fault_events) else float("inf")
-        before = [s["step"] for s in steps if s["t"] <= t_f]
-        last_done = max(before, default=start_step)
         rec: dict[str, Any] = {"step": f["step"], "rank": f["rank"], "type": f["type"], "t": t_f}
         stamps = {}
         for phase, names in _PHASES:
@@ -77,7 +76,10 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
         rec["breakdown_seconds"] = stamps
         rec["resumed_from_step"] = resumed["step"] if resumed else None
         rec["recovery_seconds"] = first["t"] - t_f if (first and resumed) else None
-        rec["steps_lost"] = last_done - resumed["step"] if resumed else None
+        # Steps finished before the restart (some ranks finish the faulting step's neighbours
+        # after the fault is stamped) and not in the state resumed from are trained again.
+        last_done = max((s["step"] for s in steps if s["t"] < (resumed or f)["t"]), default=start_step)
+        rec["steps_lost"] = max(0, last_done - resumed["step"]) if resumed else None
         loaded = _first_after(events, t_f, ("ckpt_load", "snapshot_load"), until)
         rec["restored_from"] = loaded.get("tier") if loaded else None
         if resumed:
@@ -88,7 +90,8 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
     blocking = [e["blocking_s"] for e in saves if not e.get("final")]
     final_s = sum(e["blocking_s"] for e in saves if e.get("final")) + sum(
         e["seconds"] for e in events if e["event"] == "ckpt_drain" and e["rank"] == 0)
-    loop_s = sum(s["dt"] for s in steps) + sum(blocking)
+    stalls = sum(s.get("stall", 0.0) for s in steps)
+    loop_s = sum(s["dt"] for s in steps) + stalls
     writes = [e["write_s"] for e in events if e["event"] == "ckpt_commit"]
     recoveries = [f["recovery_seconds"] for f in faults if f["recovery_seconds"] is not None]
     return {
@@ -97,7 +100,7 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
         "wall_seconds": wall,
         "step_time_seconds": step_time,
         "useful_steps": useful_steps,
-        "training_efficiency_pct": 100.0 * (1.0 - sum(blocking) / loop_s) if loop_s else None,
+        "training_efficiency_pct": 100.0 * (1.0 - stalls / loop_s) if loop_s else None,
         "training_goodput_pct": 100.0 * useful_steps * step_time / wall,
         "infra_goodput_pct": 100.0 * (wall - downtime) / wall,
         "recovery_seconds_mean": statistics.fmean(recoveries) if recoveries else None,

@@ -60,6 +60,11 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
 def launch_env(spec: LaunchSpec, base: Optional[dict] = None) -> dict:
     env = dict(os.environ if base is None else base)
     env[INPROCESS_PORT_ENV] = str(spec.master_port + 1)
+    if "inprocess" in spec.mode:
+        # A failed collective must raise in the rank (the wrapper restarts it), not kill it.
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        env.setdefault("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0")
+        env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the stores' polling warnings drown the log
     env.setdefault("PYTHONWARNINGS", "ignore:The pynvml package is deprecated:FutureWarning")

@@ -142,6 +142,8 @@ class Timeline:
 def timeline(events: Sequence[dict]) -> Timeline:
     """Steps per attempt (a new line at each rank-0 train_start, so a rollback shows as a drop),
     faults, and recoveries timed as in trainer.goodput: fault -> first step after the restart."""
+    if not events:
+        raise ReportError("no events to draw")
     events = sorted(events, key=lambda e: e["t"])
     launches = [e["t"] for e in events if e["event"] == "launch"]
     t0 = min(launches) if launches else events[0]["t"]

@@ -48,6 +48,21 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def wait_for_device(device: torch.device) -> None:
+    """Wait for the step's GPU work without holding the GIL.
+
+    `.item()` blocks inside CUDA with the GIL held: a rank stuck behind a hung peer could then
+    neither be aborted in-process nor receive the wrapper's restart, and NVRx's monitor would
+    have to kill it. Polling an event keeps Python running, so a hang stays recoverable.
+    """
+    if device.type != "cuda":
+        return
+    done = torch.cuda.Event()
+    done.record()
+    while not done.query():
+        time.sleep(0.0002)
+
+
 def rng_state(device: torch.device) -> dict:
     """Generator states as text, so they fit a JSON snapshot header as well as a checkpoint."""
     state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
@@ -151,15 +166,16 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         batch = torch.from_numpy(np.stack([data.sample(i) for i in indices])).to(env.device)
         loss = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip, keeper.fence)
         step += 1
-        loss_value = float(loss.item())  # also waits for the device: honest step times
+        wait_for_device(env.device)
+        loss_value = float(loss.item())  # the device is done: honest step times
         dt = time.perf_counter() - t0
         for fn in hooks.keepalive:
             fn()
+        stall = keeper.after_step(step, model, optimizer, state_meta)
         if env.rank == 0:
-            events.emit("step", step=step, dt=dt, loss=loss_value)
+            events.emit("step", step=step, dt=dt, stall=stall, loss=loss_value)
         if cfg.trace_samples:
             events.emit("samples", step=step, indices=indices)
-        stall = keeper.after_step(step, model, optimizer, state_meta)
         window_steps += 1
         window_stall += stall
         if step % cfg.log_interval == 0 or step == cfg.max_steps:

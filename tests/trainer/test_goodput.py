@@ -11,7 +11,8 @@ def _ev(t, event, rank=0, **kw):
 
 def test_one_fault_timeline():
     ev = [_ev(0.0, "launch"), _ev(0.0, "launch", 1), _ev(1.0, "pg_ready"), _ev(2.0, "train_start", step=0)]
-    ev += [_ev(2.0 + s, "step", step=s, dt=1.0) for s in range(1, 7)]  # steps 1..6, 1 s each
+    ev += [_ev(2.0 + s, "step", step=s, dt=1.0, stall=0.5 if s == 3 else 0.0)
+           for s in range(1, 7)]  # steps 1..6, 1 s each; step 3 checkpoints
     ev += [_ev(5.0, "ckpt_save", step=3, blocking_s=0.5, bytes=100)]
     ev += [_ev(8.5, "fault", 1, step=7, type="exception"), _ev(9.5, "abort"),
            _ev(10.0, "attempt_start"), _ev(10.5, "pg_ready"), _ev(11.0, "ckpt_load", step=3, tier="durable"),

@@ -1,0 +1,242 @@
+"""GPU benchmarks, run side by side in one call: physical floors, checkpoint cost at the post's two
+checkpoint regimes (sync vs async vs snapshot tiers), and recovery under the post's fault schedule.
+
+    python -m bench.run floors      --out bench/results
+    python -m bench.run checkpoint  --out bench/results [--model llama-1b]
+    python -m bench.run recovery    --out bench/results [--model llama-1b]
+    python -m bench.run all         --out bench/results
+
+Every experiment writes `<out>/<name>.json`; `python -m bench.tables` turns them into the tables of
+BENCHMARKS.md. Training runs go through the local runner exactly as a user would start them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+
+# --- floors -----------------------------------------------------------------------------------
+def _bandwidth_d2h(nbytes: int) -> dict:
+    """Device-to-host copy bandwidth: into pinned memory (what staging uses) and pageable."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    for _ in range(2):
+        pinned.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        pinned.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    pinned_gbs = 3 * nbytes / (time.perf_counter() - t0) / 1e9
+    small = src[: nbytes // 4]
+    small.cpu()
+    t0 = time.perf_counter()
+    small.cpu()
+    pageable_gbs = small.numel() / (time.perf_counter() - t0) / 1e9
+    return {"d2h_pinned_GBps": pinned_gbs, "d2h_pageable_GBps": pageable_gbs, "bytes": nbytes}
+
+
+def _bandwidth_write(path: Path, nbytes: int) -> float:
+    """GB/s of a sequential write plus fsync (what a checkpoint shard write costs)."""
+    block = os.urandom(64 << 20)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        for _ in range(nbytes // len(block)):
+            f.write(block)
+        os.fsync(f.fileno())
+    dt = time.perf_counter() - t0
+    path.unlink()
+    return nbytes / dt / 1e9
+
+
+_PG_PROBE = r'''
+import os, time, torch, torch.distributed as dist
+from datetime import timedelta
+rank = int(os.environ["RANK"]); torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+out = {}
+for name in ("first", "recreate"):
+    t0 = time.perf_counter()
+    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])),
+                            timeout=timedelta(seconds=60))
+    x = torch.ones(1, device="cuda"); dist.all_reduce(x); torch.cuda.synchronize()
+    out[name] = time.perf_counter() - t0
+    dist.destroy_process_group()
+if rank == 0:
+    print("PG", out["first"], out["recreate"], flush=True)
+'''
+
+
+def _pg_times(nproc: int) -> dict:
+    probe = ROOT / "runs" / "bench" / "pg_probe.py"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text(_PG_PROBE)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                          str(probe)], capture_output=True, text=True, timeout=120)
+    for line in out.stdout.splitlines():
+        if line.startswith("PG "):
+            _, first, again = line.split()
+            return {"pg_first_init_s": float(first), "pg_recreate_s": float(again)}
+    return {"pg_error": out.stderr[-500:]}
+
+
+def floors(out: Path, nproc: int) -> dict:
+    disk = ROOT / "runs" / "bench" / "disk.probe"
+    res = {"disk_write_GBps": _bandwidth_write(disk, 4 * GIB),
+           "shm_write_GBps": _bandwidth_write(Path("/dev/shm/nvrx-eks-bench.probe"), 4 * GIB),
+           **_bandwidth_d2h(4 * GIB), **_pg_times(nproc)}
+    _save(out, "floors", res)
+    return res
+
+
+# --- training runs ------------------------------------------------------------------------------
+def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
+           local: tuple[str, ...] = (), timeout: float = 600) -> dict:
+    """One run through the local runner; returns its results.json plus wall clock and exit code."""
+    run_dir = ROOT / "runs" / "bench" / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "trainer.local", "--mode", mode, "--nproc_per_node", str(nproc),
+           "--run_dir", str(run_dir), *local, "--", *args]
+    t0 = time.time()
+    with open(out / f"{name}.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    res = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
+    res.update({"name": name, "exit_code": proc.returncode, "runner_seconds": time.time() - t0,
+                "command": " ".join(cmd[1:])})
+    shutil.copy(run_dir / "events.jsonl", out / f"{name}.events.jsonl") if (run_dir / "events.jsonl").exists() else None
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    print(f"{name}: exit {proc.returncode}, {res.get('training_efficiency_pct')} % efficiency, "
+          f"{res.get('training_goodput_pct')} % goodput, {time.time() - t0:.0f} s", flush=True)
+    return res
+
+
+DEVICE = "cuda"
+
+
+def _model_args(model: str, batch: int, seq: int, data: Optional[str]) -> list[str]:
+    a = ["--model", model, "--seq_len", str(seq), "--batch_size", str(batch), "--device", DEVICE,
+         "--log_interval", "50"]
+    return a + (["--data_path", data] if data else [])
+
+
+def checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, intervals: list[int],
+               data: Optional[str]) -> dict:
+    """Sync vs async at each interval (1x and 10x the write time), plus snapshots every step."""
+    base = _model_args(model, batch, seq, data)
+    res = {}
+    for interval, intervals_run in zip(intervals, (3, 1.1)):
+        steps = int(interval * intervals_run)
+        for kind in ("async", "sync"):
+            name = f"ckpt-{kind}-every{interval}"
+            res[name] = _train(name, out, "baseline", nproc, [
+                *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
+                "--use_async_checkpoint", "true" if kind == "async" else "false"])
+    steps = int(intervals[0] * 3)
+    name = f"ckpt-tiers-every{intervals[0]}"
+    res[name] = _train(name, out, "baseline", nproc, [
+        *base, "--max_steps", str(steps), "--checkpoint_interval", str(intervals[0]),
+        "--tiers", "memory,node", "--snapshot_interval", "1"])
+    _save(out, "checkpoint", res)
+    return res
+
+
+# The post's schedule shape: 5 faults, exception/hang 0.6/0.4, seed 42, checkpoint every quarter.
+FAULTS = ["--fault_count", "5", "--fault_seed", "42", "--fault_types", "exception,hang",
+          "--fault_type_weights", "0.6,0.4", "--fault_after_step", "10"]
+RECOVERY_TIMEOUTS = ["--soft_timeout", "10", "--hard_timeout", "40", "--barrier_timeout", "120",
+                     "--completion_timeout", "120", "--nccl_timeout", "30"]
+
+
+def recovery(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
+             modes: list[str], data: Optional[str]) -> dict:
+    base = [*_model_args(model, batch, seq, data), "--max_steps", str(steps),
+            "--checkpoint_interval", str(steps // 4), *FAULTS, *RECOVERY_TIMEOUTS]
+    tiers = ["--tiers", "memory,node", "--snapshot_interval", "1"]
+    local = {"baseline": ("--backoff_seconds", "1"),
+             "ft_launcher": ("--heartbeat_timeout", "20", "--monitor_interval", "1"),
+             "inprocess": (),
+             "ft_launcher+inprocess": ("--heartbeat_timeout", "60", "--monitor_interval", "1")}
+    res = {}
+    for mode in modes:
+        name = f"recovery-{mode.replace('+', '-')}"
+        extra = [] if mode == "baseline" else tiers  # the baseline is the published one
+        res[name] = _train(name, out, mode, nproc, [*base, *extra], local[mode])
+    _save(out, "recovery", res)
+    return res
+
+
+def _save(out: Path, name: str, data: dict) -> None:
+    import torch
+
+    meta = {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "nvrx": _version("nvidia-resiliency-ext"), "transformers": _version("transformers"),
+            "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    (out / f"{name}.json").write_text(json.dumps({"machine": meta, "results": data}, indent=1))
+
+
+def _version(pkg: str) -> Optional[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
+
+
+def bundle(out: Path) -> None:
+    """Pack logs and event logs into one archive (the device returns few files)."""
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        for f in sorted(out.iterdir()):
+            if f.suffix in (".log", ".jsonl"):
+                tar.add(f, arcname=f.name)
+                f.unlink()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("floors", "checkpoint", "recovery", "all"))
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--model", default="llama-1b")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--batch_size", type=int, default=1)
+    p.add_argument("--seq_len", type=int, default=2048)
+    p.add_argument("--intervals", default="100,1000",
+                   help="checkpoint intervals for the 1x and 10x regimes (steps)")
+    p.add_argument("--recovery_steps", type=int, default=200)
+    p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
+    p.add_argument("--data_path")
+    p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")
+    a = p.parse_args(argv)
+    global DEVICE
+    DEVICE = a.device
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.what in ("floors", "all"):
+        print("floors:", floors(a.out, a.nproc), flush=True)
+    if a.what in ("checkpoint", "all"):
+        checkpoint(a.out, a.model, a.nproc, a.batch_size, a.seq_len,
+                   [int(x) for x in a.intervals.split(",")], a.data_path)
+    if a.what in ("recovery", "all"):
+        recovery(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
+                 a.modes.split(","), a.data_path)
+    bundle(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
