@@ -113,13 +113,17 @@ def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
            "--run_dir", str(run_dir), *local, "--", *args]
     t0 = time.time()
     with open(out / f"{name}.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:  # the runner stops its launchers on SIGTERM
+            code = "timeout"
     res = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
-    res.update({"name": name, "exit_code": proc.returncode, "runner_seconds": time.time() - t0,
+    res.update({"name": name, "exit_code": code, "runner_seconds": time.time() - t0,
                 "command": " ".join(cmd[1:])})
     shutil.copy(run_dir / "events.jsonl", out / f"{name}.events.jsonl") if (run_dir / "events.jsonl").exists() else None
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    print(f"{name}: exit {proc.returncode}, {res.get('training_efficiency_pct')} % efficiency, "
+    print(f"{name}: exit {code}, {res.get('training_efficiency_pct')} % efficiency, "
           f"{res.get('training_goodput_pct')} % goodput, {time.time() - t0:.0f} s", flush=True)
     return res
 
@@ -135,21 +139,22 @@ def _model_args(model: str, batch: int, seq: int, data: Optional[str]) -> list[s
 
 def checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, intervals: list[int],
                data: Optional[str]) -> dict:
-    """Sync vs async at each interval (1x and 10x the write time), plus snapshots every step."""
+    """Sync vs async at each interval (about 1x and 10x the write time), plus snapshots of
+    every step. The 1x regime runs two intervals; the 10x one a single interval and a short tail,
+    enough to see one checkpoint's cost at steady state."""
     base = _model_args(model, batch, seq, data)
-    res = {}
-    for interval, intervals_run in zip(intervals, (3, 1.1)):
-        steps = int(interval * intervals_run)
+    res: dict = {}
+    for interval, steps in ((intervals[0], 2 * intervals[0]), (intervals[1], intervals[1] + 30)):
         for kind in ("async", "sync"):
             name = f"ckpt-{kind}-every{interval}"
             res[name] = _train(name, out, "baseline", nproc, [
                 *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
-                "--use_async_checkpoint", "true" if kind == "async" else "false"])
-    steps = int(intervals[0] * 3)
+                "--use_async_checkpoint", "true" if kind == "async" else "false"], timeout=240)
+            _save(out, "checkpoint", res)
     name = f"ckpt-tiers-every{intervals[0]}"
     res[name] = _train(name, out, "baseline", nproc, [
-        *base, "--max_steps", str(steps), "--checkpoint_interval", str(intervals[0]),
-        "--tiers", "memory,node", "--snapshot_interval", "1"])
+        *base, "--max_steps", str(int(1.5 * intervals[0])), "--checkpoint_interval",
+        str(intervals[0]), "--tiers", "memory,node", "--snapshot_interval", "1"], timeout=200)
     _save(out, "checkpoint", res)
     return res
 
@@ -157,8 +162,8 @@ def checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, interval
 # The post's schedule shape: 5 faults, exception/hang 0.6/0.4, seed 42, checkpoint every quarter.
 FAULTS = ["--fault_count", "5", "--fault_seed", "42", "--fault_types", "exception,hang",
           "--fault_type_weights", "0.6,0.4", "--fault_after_step", "10"]
-RECOVERY_TIMEOUTS = ["--soft_timeout", "10", "--hard_timeout", "40", "--barrier_timeout", "120",
-                     "--completion_timeout", "120", "--nccl_timeout", "30"]
+RECOVERY_TIMEOUTS = ["--soft_timeout", "5", "--hard_timeout", "30", "--barrier_timeout", "120",
+                     "--completion_timeout", "120", "--nccl_timeout", "20"]
 
 
 def recovery(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
@@ -167,15 +172,15 @@ def recovery(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int
             "--checkpoint_interval", str(steps // 4), *FAULTS, *RECOVERY_TIMEOUTS]
     tiers = ["--tiers", "memory,node", "--snapshot_interval", "1"]
     local = {"baseline": ("--backoff_seconds", "1"),
-             "ft_launcher": ("--heartbeat_timeout", "20", "--monitor_interval", "1"),
+             "ft_launcher": ("--heartbeat_timeout", "10", "--monitor_interval", "1"),
              "inprocess": (),
              "ft_launcher+inprocess": ("--heartbeat_timeout", "60", "--monitor_interval", "1")}
     res = {}
     for mode in modes:
         name = f"recovery-{mode.replace('+', '-')}"
         extra = [] if mode == "baseline" else tiers  # the baseline is the published one
-        res[name] = _train(name, out, mode, nproc, [*base, *extra], local[mode])
-    _save(out, "recovery", res)
+        res[name] = _train(name, out, mode, nproc, [*base, *extra], local[mode], timeout=240)
+        _save(out, "recovery", res)
     return res
 
 
@@ -218,7 +223,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--seq_len", type=int, default=2048)
     p.add_argument("--intervals", default="100,1000",
                    help="checkpoint intervals for the 1x and 10x regimes (steps)")
-    p.add_argument("--recovery_steps", type=int, default=200)
+    p.add_argument("--recovery_steps", type=int, default=160)
     p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
     p.add_argument("--data_path")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")
