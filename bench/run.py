@@ -204,13 +204,15 @@ def _version(pkg: str) -> Optional[str]:
         return None
 
 
-def bundle(out: Path) -> None:
-    """Pack logs and event logs into one archive (the device returns few files)."""
-    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        for f in sorted(out.iterdir()):
-            if f.suffix in (".log", ".jsonl"):
-                tar.add(f, arcname=f.name)
-                f.unlink()
+def bundle(out: Path, what: str) -> None:
+    """Pack this part's logs and event logs into one archive (the device returns few files)."""
+    files = sorted(f for f in out.iterdir() if f.suffix in (".log", ".jsonl"))
+    if not files:
+        return
+    with tarfile.open(out / f"logs-{what}.tar.gz", "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=f.name)
+            f.unlink()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -239,7 +241,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.what in ("recovery", "all"):
         recovery(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
                  a.modes.split(","), a.data_path)
-    bundle(a.out)
+    bundle(a.out, a.what)
     return 0
 
 
