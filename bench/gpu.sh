@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run benchmark parts on a GPU machine with no network: NVRx (and what it needs) come as wheels
-# in .whl/ (see BENCHMARKS.md); results go to $OUT (default bench/results).
+# in .whl/ (see BENCHMARKS.md); results go to $OUT (default bench/results). BENCH_SECONDS bounds
+# the parts together, so the logs are packed even when time runs out.
 set -uo pipefail
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
@@ -11,7 +12,11 @@ fi
 # NVLink multicast stays off on shared hosts; unbuffered output for live logs.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NVRX_EKS_CACHE=${NVRX_EKS_CACHE:-/tmp/nvrx-cache}
+deadline=$(( $(date +%s) + ${BENCH_SECONDS:-100000} ))
 for part in "$@"; do
-  python3 -m bench.run "$part" --out "$OUT" || echo "bench part $part failed"
+  left=$(( deadline - $(date +%s) ))
+  [ "$left" -gt 10 ] || { echo "no time left for $part"; continue; }
+  timeout -s TERM "$left" python3 -m bench.run "$part" --out "$OUT" ${BENCH_ARGS:-} || echo "bench part $part stopped"
 done
+python3 -m bench.run bundle --out "$OUT"
 ls -la "$OUT"

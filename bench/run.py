@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "runs" / "bench" / "logs"  # runner logs and event logs; packed by `bundle`
 GIB = 2**30
 
 
@@ -112,7 +113,8 @@ def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
     cmd = [sys.executable, "-m", "trainer.local", "--mode", mode, "--nproc_per_node", str(nproc),
            "--run_dir", str(run_dir), *local, "--", *args]
     t0 = time.time()
-    with open(out / f"{name}.log", "w") as log:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with open(LOGS / f"{name}.log", "w") as log:
         try:
             proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
             code = proc.returncode
@@ -121,7 +123,8 @@ def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
     res = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
     res.update({"name": name, "exit_code": code, "runner_seconds": time.time() - t0,
                 "command": " ".join(cmd[1:])})
-    shutil.copy(run_dir / "events.jsonl", out / f"{name}.events.jsonl") if (run_dir / "events.jsonl").exists() else None
+    if (run_dir / "events.jsonl").exists():
+        shutil.copy(run_dir / "events.jsonl", LOGS / f"{name}.events.jsonl")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     print(f"{name}: exit {code}, {res.get('training_efficiency_pct')} % efficiency, "
           f"{res.get('training_goodput_pct')} % goodput, {time.time() - t0:.0f} s", flush=True)
@@ -151,11 +154,18 @@ def checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, interval
                 *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
                 "--use_async_checkpoint", "true" if kind == "async" else "false"], timeout=240)
             _save(out, "checkpoint", res)
-    name = f"ckpt-tiers-every{intervals[0]}"
-    res[name] = _train(name, out, "baseline", nproc, [
-        *base, "--max_steps", str(int(1.5 * intervals[0])), "--checkpoint_interval",
-        str(intervals[0]), "--tiers", "memory,node", "--snapshot_interval", "1"], timeout=200)
-    _save(out, "checkpoint", res)
+    return res
+
+
+def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int,
+          data: Optional[str]) -> dict:
+    """Snapshots of every step (memory and node tiers) with durable checkpoints at `interval`."""
+    base = _model_args(model, batch, seq, data)
+    name = f"ckpt-tiers-every{interval}"
+    res = {name: _train(name, out, "baseline", nproc, [
+        *base, "--max_steps", str(int(1.5 * interval)), "--checkpoint_interval", str(interval),
+        "--tiers", "memory,node", "--snapshot_interval", "1"], timeout=200)}
+    _save(out, "tiers", res)
     return res
 
 
@@ -204,20 +214,18 @@ def _version(pkg: str) -> Optional[str]:
         return None
 
 
-def bundle(out: Path, what: str) -> None:
-    """Pack this part's logs and event logs into one archive (the device returns few files)."""
-    files = sorted(f for f in out.iterdir() if f.suffix in (".log", ".jsonl"))
-    if not files:
+def bundle(out: Path) -> None:
+    """Pack the run logs and event logs into one archive (the GPU machine returns few files)."""
+    if not LOGS.is_dir():
         return
-    with tarfile.open(out / f"logs-{what}.tar.gz", "w:gz") as tar:
-        for f in files:
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        for f in sorted(LOGS.iterdir()):
             tar.add(f, arcname=f.name)
-            f.unlink()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("floors", "checkpoint", "recovery", "all"))
+    p.add_argument("what", choices=("floors", "checkpoint", "recovery", "tiers", "bundle", "all"))
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--model", default="llama-1b")
     p.add_argument("--nproc", type=int, default=2)
@@ -241,7 +249,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.what in ("recovery", "all"):
         recovery(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
                  a.modes.split(","), a.data_path)
-    bundle(a.out, a.what)
+    if a.what == "tiers":
+        tiers(a.out, a.model, a.nproc, a.batch_size, a.seq_len, int(a.intervals.split(",")[0]),
+              a.data_path)
+    if a.what in ("bundle", "all"):
+        bundle(a.out)
     return 0
 
 

@@ -64,8 +64,14 @@ class CheckpointManager:
         self._on_written: Optional[Callable[[], None]] = None
 
     # -- saving ------------------------------------------------------------------------------
+    def prepare(self, layout: Layout) -> None:
+        """Map and pin the staging buffer before training, so no save pays for it."""
+        self._staging_for(layout)
+
     def _staging(self, tensors: dict[str, torch.Tensor]) -> HostBuffer:
-        layout = Layout.of(tensors)
+        return self._staging_for(Layout.of(tensors))
+
+    def _staging_for(self, layout: Layout) -> HostBuffer:
         if self._buffer is None or self._buffer.layout != layout:
             if self._buffer is not None:
                 self._buffer.close(unlink=True)

@@ -65,8 +65,11 @@ class StateKeeper:
     def prepare(self, model, optimizer) -> None:
         """Map the snapshot buffers (a budget too small fails here, before training starts),
         then start the background writer so the first checkpoint pays no process start."""
+        layout = Layout.of(local_tensors(model, optimizer))
         if self.snap is not None:
-            self.snap.allocate(Layout.of(local_tensors(model, optimizer)))
+            self.snap.allocate(layout)
+        elif self.ckpt is not None and self.cfg.checkpoint_interval:
+            self.ckpt.prepare(layout)  # with tiers, checkpoints are written from snapshot slots
         if self.ckpt is not None:
             self.ckpt.start_writer()
 

@@ -80,7 +80,12 @@ class HostBuffer:
         self.path = Path(path)
         self.layout = layout
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists() or self.path.stat().st_size < layout.total_bytes
         self.flat = map_file(self.path, layout.total_bytes, writable=True)
+        if fresh:
+            # Touch every page now, at start-up: first-touch faults of gigabytes would
+            # otherwise land inside the first checkpoint's stall.
+            self.flat.fill_(0)
         self.views = layout.views(self.flat)
         self._pinned = False
         if pin:
