@@ -134,6 +134,11 @@ class CheckpointManager:
                          bytes=self.stats.bytes_per_rank, final=final)
         return blocked
 
+    def _release_source(self) -> None:
+        if self._on_written:
+            self._on_written()
+            self._on_written = None
+
     def _check_writer(self) -> None:
         """Fail loudly if the background writer died or overran its time."""
         if self._in_flight is None or self._writer is None:
@@ -143,12 +148,14 @@ class CheckpointManager:
         if code is not None:
             self._writer.close(abort=True)
             self._in_flight = None
+            self._release_source()
             raise CheckpointError(f"the background checkpoint writer of rank {self.rank} died "
                                   f"(exit code {code}) while writing step {step}; that "
                                   "checkpoint is not committed")
         if time.time() - since > self.timeout_s:
             self._writer.close(abort=True)
             self._in_flight = None
+            self._release_source()
             raise CheckpointError(f"the background checkpoint writer of rank {self.rank} took "
                                   f"more than {self.timeout_s:g} s (--checkpoint_timeout) for "
                                   f"step {step}; that checkpoint is not committed")
@@ -160,9 +167,7 @@ class CheckpointManager:
                 step, since = self._in_flight
                 self.stats.write_seconds.append(time.time() - since)
                 self._in_flight = None
-                if self._on_written:
-                    self._on_written()
-                    self._on_written = None
+                self._release_source()
             else:
                 self._check_writer()
         if self.rank == 0:
@@ -189,8 +194,16 @@ class CheckpointManager:
                 time.sleep(0.01)
 
     def settle(self) -> None:
-        """After an in-process restart: let this rank's last write land, then commit what every
-        rank finished. A writer that died takes its checkpoint with it; training goes on."""
+        """After an in-process restart: a background write of the failed attempt goes on (its
+        buffer is pinned) and is committed by the usual polling; a dead writer is dropped."""
+        try:
+            self._check_writer()
+        except CheckpointError as exc:
+            self.log(f"rank {self.rank}: {exc}")
+
+    def _drain_for_restore(self) -> None:
+        """Before reading the durable store: every rank's pending write lands, rank 0 commits
+        what is complete, and the rest is abandoned (it belongs to a dead timeline)."""
         try:
             self.wait_for_writer()
         except CheckpointError as exc:
@@ -198,7 +211,7 @@ class CheckpointManager:
         dist.barrier()
         if self.rank == 0:
             self._commit_ready()
-            self._uncommitted.clear()  # incomplete ones are discarded after the restore
+            self._uncommitted.clear()
 
     def finish(self) -> None:
         """Drain writes and, on rank 0, commit everything still pending (bounded by the timeout)."""
@@ -243,6 +256,7 @@ class CheckpointManager:
         All ranks try the same candidates in the same order and agree on each through an
         all-reduce, so no rank can resume from a different step than another.
         """
+        self._drain_for_restore()
         if self.rank == 0:
             for step in self.store.commit_complete():
                 self.log(f"committed checkpoint step {step}: all shards had landed before the fault")

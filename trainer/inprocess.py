@@ -4,6 +4,8 @@ The process, its CUDA context, the checkpoint writer and the host snapshot buffe
 the process group is rebuilt. Two details make it work for real:
 - the loop pings the wrapper every step, so a rank stuck in Python (a hang) goes stale and is
   aborted after the soft timeout; NVRx's automatic progress stamp alone keeps ticking in Python;
+- progress stamps reach NVRx's monitor less often than it checks (see build_wrapper), or it never
+  checks; and the loop waits for the GPU without holding the GIL (train.wait_for_device);
 - the world may only shrink down to --min_world_size (default: not at all), so a lost process
   ends the job with a clear error instead of training on with a different batch.
 """
@@ -55,6 +57,12 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
         health_check=health,
         rank_assignment=inprocess.Compose(inprocess.rank_assignment.ActivateAllRanks(),
                                           inprocess.rank_assignment.ShiftRanks()),
+        # NVRx's monitor process checks the timeouts only when its message queue stays empty
+        # for one monitor interval; progress stamps arriving at least that often (its default:
+        # both 1 s) starve the check and a hang is never detected. Stamps every 2 s against a
+        # 0.5 s check interval (and throttled pings, see train.Hooks) leave it room.
+        monitor_process_interval=timedelta(seconds=0.5),
+        progress_watchdog_interval=timedelta(seconds=2.0),
         soft_timeout=timedelta(seconds=cfg.soft_timeout),
         hard_timeout=timedelta(seconds=cfg.hard_timeout),
         heartbeat_timeout=timedelta(seconds=min(30.0, cfg.barrier_timeout / 2)),

@@ -27,6 +27,9 @@ from trainer.recovery import StateKeeper
 from trainer.state import ensure_optimizer_state
 
 
+KEEPALIVE_S = 0.25
+
+
 @dataclass
 class Hooks:
     """What a recovery layer plugs into the loop."""
@@ -34,6 +37,17 @@ class Hooks:
     store: Optional[dist.Store] = None          # in-process: the wrapper's per-attempt store
     iteration: int = 0                           # in-process attempt number
     keepalive: list[Callable[[], None]] = field(default_factory=list)  # heartbeats, pings
+
+    def alive(self) -> None:
+        """Send the keepalives, at most every KEEPALIVE_S: each one is an IPC message, and a
+        flood of them delays (NVRx's in-process monitor: starves) the peer that reads them."""
+        now = time.monotonic()
+        if now - self._last_alive >= KEEPALIVE_S:
+            self._last_alive = now
+            for fn in self.keepalive:
+                fn()
+
+    _last_alive: float = 0.0
     on_ready: list[Callable[[], None]] = field(default_factory=list)
     meta: dict[str, Callable[[], dict]] = field(default_factory=dict)  # saved with checkpoints
     on_restore: dict[str, Callable[[dict], None]] = field(default_factory=dict)
@@ -127,7 +141,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     sampler = GlobalSampler(len(data), cfg.seed)
     events.emit("model_ready", params=n_params, iteration=hooks.iteration)
 
-    keeper = StateKeeper(cfg, env, events, hooks.keep, lambda: [fn() for fn in hooks.keepalive], log)
+    keeper = StateKeeper(cfg, env, events, hooks.keep, hooks.alive, log)
     keeper.prepare(model, optimizer)
     step, last_loss = 0, 0.0
     meta = keeper.restore(model, optimizer)
@@ -169,8 +183,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         wait_for_device(env.device)
         loss_value = float(loss.item())  # the device is done: honest step times
         dt = time.perf_counter() - t0
-        for fn in hooks.keepalive:
-            fn()
+        hooks.alive()
         stall = keeper.after_step(step, model, optimizer, state_meta)
         if env.rank == 0:
             events.emit("step", step=step, dt=dt, stall=stall, loss=loss_value)
