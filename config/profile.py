@@ -107,8 +107,8 @@ class TierSettings(_Strict):
 
     snapshot_interval: int = Field(default=1, ge=0)
     tiers: tuple[Literal["memory", "node", "peer"], ...] = ("memory", "node", "peer")
-    memory_budget_gib: float = Field(default=0.0, ge=0)  # 0: derived from the model at start-up
-    shm_size_gib: float = Field(default=64.0, gt=0)
+    memory_budget_gib: float = Field(default=0.0, ge=0)  # per rank; 0: derived from the model
+    shm_size_gib: float = Field(default=16.0, gt=0)  # /dev/shm headroom beyond checkpoint buffers
     node_dir: Literal["shm", "nvme"] = "shm"
 
 

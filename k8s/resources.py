@@ -80,16 +80,46 @@ def training_resources(spec: InstanceSpec) -> PodResources:
     )
 
 
+def checkpoint_buffers_gib(profile: Profile) -> float:
+    """Host memory one rank's checkpoint buffers take in /dev/shm, from the trainer's own rule.
+
+    The staging buffer holds one shard; the snapshot tiers add two own slots (and two replica
+    slots with the peer tier). A shard is the model's training state divided over all ranks.
+    `tiers.memory_budget_gib` overrides the snapshot part (it is also what the trainer is given).
+    """
+    from trainer.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters
+    from trainer.snapshot import required_bytes
+
+    tiers, model = profile.tiers, profile.trainer.model
+    if model not in PRESETS:
+        if tiers.memory_budget_gib:
+            return tiers.memory_budget_gib
+        raise SynthError(f"profile {profile.name!r}: trainer.model {model!r} is not a preset, so "
+                         "tiers.memory_budget_gib must give the snapshot memory per rank")
+    shard = preset_parameters(model) * STATE_BYTES_PER_PARAMETER / profile.world_size
+    snapshots = 0.0
+    if tiers.tiers and tiers.snapshot_interval:
+        peer = "peer" in tiers.tiers and profile.node_count > 1
+        snapshots = tiers.memory_budget_gib or required_bytes(int(shard), peer) / 2**30
+    return shard / 2**30 + snapshots
+
+
+def shm_size_gib(profile: Profile) -> float:
+    """/dev/shm of a training pod: every local rank's checkpoint buffers plus the profile's
+    headroom (`tiers.shm_size_gib`) for NCCL and the data loader."""
+    per_rank = checkpoint_buffers_gib(profile) if profile.tiers.node_dir == "shm" else 0.0
+    return math.ceil(profile.gpus_per_node * per_rank + profile.tiers.shm_size_gib)
+
+
 def check_memory_budget(profile: Profile, resources: PodResources) -> None:
-    """/dev/shm and the in-memory snapshot tier both live inside the container's memory limit."""
-    tiers = profile.tiers
-    needed = tiers.shm_size_gib + tiers.memory_budget_gib
-    if needed >= resources.memory_gib:
+    """/dev/shm is charged to the container's memory limit; half of it stays for the ranks."""
+    shm = shm_size_gib(profile)
+    if shm > resources.memory_gib / 2:
         raise SynthError(
-            f"profile {profile.name!r}: tiers.shm_size_gib {tiers.shm_size_gib:g} + "
-            f"tiers.memory_budget_gib {tiers.memory_budget_gib:g} GiB does not fit the "
-            f"{resources.memory_gib} GiB memory of a {profile.instance_type} training pod"
-        )
+            f"profile {profile.name!r}: /dev/shm of {shm} GiB (checkpoint buffers of "
+            f"{profile.gpus_per_node} ranks plus tiers.shm_size_gib {profile.tiers.shm_size_gib:g}) "
+            f"leaves too little of the {resources.memory_gib} GiB of a {profile.instance_type} "
+            "training pod; lower tiers.memory_budget_gib, the snapshot tiers or the model size")
 
 
 def gib_quantity(gib: float) -> str:

@@ -3,7 +3,9 @@
 Part 1, checkpoint cost: the tiny model trained twice with a checkpoint every 10 steps, once
 with blocking (sync) and once with async checkpoints; prints both training efficiencies.
 Part 2, recovery: one seeded schedule of 3 faults (exceptions and hangs) in every recovery
-mode; prints the comparison table and writes <out>/report/{report.md,timeline.png}.
+mode; prints the comparison table and writes <out>/report/{report.md,timeline.png}. The
+baseline keeps only durable checkpoints, like the published one; the NVRx modes also keep a
+snapshot of every step in host memory and on the node (--tiers memory,node).
 
 Six jobs of 2 CPU ranks, about 5-6 minutes on 2 cores. Each job starts from an empty
 <out>/<job>/ and keeps its whole output in <out>/<job>/output.log; the terminal shows the lines
@@ -100,9 +102,11 @@ def recovery(out: Path, steps: int) -> int:
     flags = ["--max_steps", str(steps), "--checkpoint_interval", str(steps // 4),
              *FAULTS, *FAST_RECOVERY]
     paths = []
+    tiers = ["--tiers", "memory,node", "--snapshot_interval", "1"]
     for mode in MODES:
         run_dir = out / mode.replace("+", "-")
-        run_job(mode, mode, run_dir, LOCAL[mode], flags, _timeout(steps))
+        run_job(mode, mode, run_dir, LOCAL[mode], flags + ([] if mode == "baseline" else tiers),
+                _timeout(steps))
         paths.append(str(run_dir / "results.json"))
     print(f"\nrecovery: {steps} steps, checkpoint every {steps // 4}, the same 3 seeded faults")
     return report.main([*paths, "--out", str(out / "report")])

@@ -76,6 +76,20 @@ def build_model(ref: str, seed: int, device: "torch.device | str" = "cpu"):
         return LlamaForCausalLM(config)
 
 
+def preset_parameters(name: str) -> int:
+    """Parameters of a preset by arithmetic alone (no torch): what the manifests size memory by."""
+    c = PRESETS[name]
+    h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * c["intermediate_size"] + 2 * h
+    embeddings = vocab * h * (1 if c["tie_word_embeddings"] else 2)
+    return embeddings + layers * per_layer + h
+
+
+# Bytes of training state per parameter: fp32 weights and Adam's two fp32 moments.
+STATE_BYTES_PER_PARAMETER = 12
+
+
 def parameter_count(ref: str) -> int:
     """Parameters of a model without allocating it."""
     import torch

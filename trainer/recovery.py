@@ -58,7 +58,7 @@ class StateKeeper:
             keep["snap"] = self.snap
         if self.snap is not None:
             self.snap.settle()  # a replication of the failed attempt ends (or is abandoned)
-            self.snap.drop_pending()
+            self.snap.recover_pending()
             self.snap.attach()
 
     # -- resume ------------------------------------------------------------------------------

@@ -276,10 +276,20 @@ class Snapshotter:
         self._peer_group = None
 
     # -- recovery ----------------------------------------------------------------------------
-    def drop_pending(self) -> None:
-        """After a fault, unfinished copies are abandoned: their slots stay invalid."""
+    def recover_pending(self) -> None:
+        """After a fault: a copy that has finished on the device is a complete snapshot (the
+        optimizer waited for it), so it is committed; one still running is abandoned."""
         for slot in self.slots:
+            if slot.pending is None:
+                continue
+            step, meta, event = slot.pending
             slot.pending = None
+            try:
+                done = event.query()
+            except RuntimeError:  # a broken CUDA context: trust nothing it was doing
+                done = False
+            if done:
+                slot.commit(step, meta, self._header_extra())
 
     def inventory(self) -> dict[int, dict[int, dict]]:
         """Every snapshot on this node, own or replica, by the rank it belongs to and its step.

@@ -16,7 +16,7 @@ from k8s import commands, naming, pod, restart_policy
 from k8s.charts.base import meta
 from k8s.deployment import CONFIG_MOUNT, NODE_LOCAL_MOUNT, SETTINGS_FILE, SHM_MOUNT, Deployment
 from k8s.environment import training_env
-from k8s.resources import check_memory_budget, gib_quantity, training_resources
+from k8s.resources import check_memory_budget, gib_quantity, shm_size_gib, training_resources
 
 # Time for the launcher to stop its workers and flush results/events on `stop` or a drain.
 TERMINATION_GRACE_S = 120
@@ -122,7 +122,7 @@ class TrainingChart(Chart):
         dep = self.dep
         volumes = [
             pod.fsx_volume(dep.fsx_claim),
-            pod.shm_volume(gib_quantity(dep.profile.tiers.shm_size_gib)),
+            pod.shm_volume(gib_quantity(shm_size_gib(dep.profile))),
             pod.config_volume(dep.job_name),
         ]
         if dep.node_local_host_path:

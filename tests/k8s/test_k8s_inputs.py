@@ -107,7 +107,7 @@ def test_shm_must_fit_in_the_pod_memory(outputs_file) -> None:
     data = yaml.safe_load((REPO / "config/profiles/g5-dev.yaml").read_text()) | {"name": "g5-dev"}
     data["tiers"] = {"shm_size_gib": 200}
     dep = resolve(profile_from_dict(data), load_outputs(outputs_file("g5-dev")), run_id="r1")
-    with pytest.raises(SynthError, match="tiers.shm_size_gib 200"):
+    with pytest.raises(SynthError, match=r"/dev/shm of \d+ GiB .*tiers.shm_size_gib 200"):
         synth.build(dep, [synth.TRAIN])
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from config import INSTANCE_TYPES, instance_spec
@@ -38,3 +40,16 @@ def test_gib_quantities() -> None:
     assert gib_quantity(64.0) == "64Gi"
     assert gib_quantity(16) == "16Gi"
     assert gib_quantity(0.5) == "512Mi"
+
+
+def test_shm_holds_every_local_ranks_checkpoint_buffers() -> None:
+    """The same rule the trainer applies at start-up: a staging shard plus 2 own and 2 replica
+    snapshot slots per rank, for every GPU of the node, plus the profile's headroom."""
+    from config import load_profile
+    from k8s.resources import checkpoint_buffers_gib, shm_size_gib
+    from trainer.model import preset_parameters
+
+    p5 = load_profile("p5")  # llama3.1-8b over 16 ranks, tiers memory,node,peer
+    shard_gib = preset_parameters("llama3.1-8b") * 12 / 16 / 2**30
+    assert checkpoint_buffers_gib(p5) == pytest.approx(5 * shard_gib, rel=1e-3)
+    assert shm_size_gib(p5) == math.ceil(8 * 5 * shard_gib + p5.tiers.shm_size_gib)

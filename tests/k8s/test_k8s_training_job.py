@@ -6,7 +6,7 @@ import json
 
 from config import instance_spec
 from k8s import naming
-from k8s.resources import SYSTEM_MEMORY_FRACTION
+from k8s.resources import SYSTEM_MEMORY_FRACTION, shm_size_gib
 
 
 def test_indexed_job_spans_every_node(synthesis) -> None:
@@ -69,7 +69,7 @@ def test_cpu_and_memory_leave_headroom(synthesis) -> None:
     memory_gib = int(requests["memory"].removesuffix("Gi"))
     assert 0 < requests["cpu"] < spec.vcpus
     assert memory_gib <= spec.memory_gib * (1 - SYSTEM_MEMORY_FRACTION)
-    assert memory_gib > synthesis.dep.profile.tiers.shm_size_gib
+    assert memory_gib >= 2 * shm_size_gib(synthesis.dep.profile)
     assert synthesis.trainer["resources"]["limits"]["memory"] == requests["memory"]
     assert "cpu" not in synthesis.trainer["resources"]["limits"]
 
@@ -79,8 +79,7 @@ def test_shm_is_a_bounded_memory_volume(synthesis) -> None:
     mounts = {m["mountPath"]: m["name"] for m in synthesis.trainer["volumeMounts"]}
     shm = volumes[mounts["/dev/shm"]]
     assert shm["emptyDir"]["medium"] == "Memory"
-    size = synthesis.dep.profile.tiers.shm_size_gib
-    assert shm["emptyDir"]["sizeLimit"] == f"{size:g}Gi"
+    assert shm["emptyDir"]["sizeLimit"] == f"{shm_size_gib(synthesis.dep.profile):g}Gi"
     assert not any("hostPath" in v and v["hostPath"]["path"] == "/dev/shm" for v in volumes.values())
 
 
