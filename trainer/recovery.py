@@ -127,7 +127,7 @@ class StateKeeper:
             self.snap.poll()
             if step % cfg.snapshot_interval == 0 or durable_due:
                 slot = self.snap.take(step, local_tensors(model, optimizer), meta(step))
-                self.snap.maybe_replicate()
+                self.snap.maybe_replicate(slot)
         if durable_due:
             self._durable(step, model, optimizer, meta, slot)
         return time.perf_counter() - t0
@@ -137,13 +137,9 @@ class StateKeeper:
             self.ckpt.save(step, model, optimizer, meta(step), final=final)
             return
         self.snap.poll(wait=True)  # the slot's copy must be complete before it is written
-        slot.pins += 1
-
-        def release() -> None:
-            slot.pins -= 1
-
+        self.snap.pin(slot)
         self.ckpt.save(step, model, optimizer, slot.meta, final=final, source=slot.buffer,
-                       on_written=release)
+                       on_written=lambda: self.snap.unpin(slot))
 
     def finish(self, step: int, model, optimizer, meta: MetaFn) -> None:
         if self.snap is not None:

@@ -32,7 +32,8 @@ from trainer.config import ConfigError
 from trainer.events import EventLog
 from trainer.staging import HostBuffer, Layout
 
-SLOTS = 2
+SLOTS = 2          # own snapshot slots: double buffering
+PEER_SLOTS = 2     # replica slots: the previous replica stays valid while the next arrives
 _CHUNK = 256 << 20  # peer transfers go in pieces: bounded gloo messages, steady progress
 SLOW_SNAPSHOT_ENV = "NVRX_EKS_SLOW_SNAPSHOT_S"  # fault-injection knob: widens the copy window
 
@@ -65,9 +66,15 @@ def read_header(path: Path) -> Optional[dict]:
         return None
 
 
+def own_slots(peer: bool) -> int:
+    """With a peer, one more own slot keeps the snapshot last sent to it: survivors must still
+    hold the step their peers' replicas hold, or no step is complete after a node loss."""
+    return SLOTS + (1 if peer else 0)
+
+
 def required_bytes(shard_bytes: int, peer: bool) -> int:
-    """Host memory the tiers need per rank: two own slots, plus two replica slots with a peer."""
-    return shard_bytes * SLOTS * (2 if peer else 1)
+    """Host memory the tiers need per rank: own slots, plus replica slots with a peer."""
+    return shard_bytes * (own_slots(peer) + (PEER_SLOTS if peer else 0))
 
 
 class Snapshotter:
@@ -90,6 +97,8 @@ class Snapshotter:
         self._peer_group = None
         self._peer_thread: Optional[threading.Thread] = None
         self._peer_error: Optional[BaseException] = None
+        self._exchanged: Optional[Slot] = None  # our last snapshot that a peer also holds
+        self._lock = threading.Lock()  # pins change on the training and replication threads
         self.stats = {"count": 0, "blocking_seconds": 0.0, "skipped": 0, "peer_sends": 0,
                       "peer_seconds": 0.0}
         if "peer" in tiers and not self.peer_enabled:
@@ -118,16 +127,18 @@ class Snapshotter:
         """Check the budget and map the own slots (once per process); errors before training."""
         need = required_bytes(layout.total_bytes, self.peer_enabled)
         if self.budget_gib and need > self.budget_gib * 2**30:
-            kinds = "2 own + 2 peer replicas" if self.peer_enabled else "2 own"
+            own = own_slots(self.peer_enabled)
+            kinds = f"{own} own + {PEER_SLOTS} peer replicas" if self.peer_enabled else f"{own} own"
             raise ConfigError(
                 f"--memory_budget_gib {self.budget_gib:g} cannot hold the snapshot buffers: "
-                f"{SLOTS * (2 if self.peer_enabled else 1)} shards of "
-                f"{layout.total_bytes / 2**30:.2f} GiB ({kinds}) need {need / 2**30:.2f} GiB per rank")
+                f"{need // layout.total_bytes} shards of {layout.total_bytes / 2**30:.2f} GiB "
+                f"({kinds}) need {need / 2**30:.2f} GiB per rank")
         if self.slots and self.slots[0].buffer.layout == layout:
             return
         pin = self.device.type == "cuda"
         self.slots = [Slot(HostBuffer(self._path(f"rank{self.rank:05d}.slot{i}.buf"), layout, pin),
-                           self._path(f"rank{self.rank:05d}.slot{i}.json")) for i in range(SLOTS)]
+                           self._path(f"rank{self.rank:05d}.slot{i}.json"))
+                      for i in range(own_slots(self.peer_enabled))]
         for slot in self.slots:  # adopt what a previous process of this rank left (node tier)
             h = read_header(slot.header)
             if h and h.get("world_size") == self.world_size and Layout.from_json(h["layout"]) == layout:
@@ -141,10 +152,18 @@ class Snapshotter:
             self.replicas = [Slot(HostBuffer(self._path(f"replica.of{src:05d}.slot{i}.buf"), layout,
                                              pin=False),
                                   self._path(f"replica.of{src:05d}.slot{i}.json"))
-                             for i in range(SLOTS)]
+                             for i in range(PEER_SLOTS)]
         return self.replicas
 
     # -- taking snapshots --------------------------------------------------------------------
+    def pin(self, slot: Slot) -> None:
+        with self._lock:
+            slot.pins += 1
+
+    def unpin(self, slot: Slot) -> None:
+        with self._lock:
+            slot.pins -= 1
+
     def newest(self) -> Optional[Slot]:
         done = [s for s in self.slots if s.step >= 0]
         return max(done, key=lambda s: s.step) if done else None
@@ -205,28 +224,28 @@ class Snapshotter:
         return {"rank": self.rank, "world_size": self.world_size, "saved_at": time.time()}
 
     # -- peer replication --------------------------------------------------------------------
-    def maybe_replicate(self) -> None:
-        """At a snapshot step: if every rank finished its last exchange, start the next one.
-
-        The decision is one all-reduce, so all ranks start an exchange at the same step.
+    def maybe_replicate(self, slot: Optional[Slot]) -> None:
+        """At a snapshot step: if every rank finished its last exchange (and took this step's
+        snapshot), send it to the successor. One all-reduce decides, so every pair exchanges
+        the same step, and each rank keeps its copy of that step until the next exchange.
         """
         if not self.peer_enabled or self._peer_group is None:
             return
         if self._peer_error is not None:
             raise RuntimeError(f"peer replication failed: {self._peer_error}")
         idle = self._peer_thread is None or not self._peer_thread.is_alive()
-        newest = self.newest()
-        flag = torch.tensor([1 if idle and newest is not None else 0], device=self.device)
+        flag = torch.tensor([1 if idle and slot is not None else 0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if not int(flag.item()):
             return
-        newest.pins += 1
-        self._peer_thread = threading.Thread(target=self._exchange, args=(newest,), daemon=True,
+        self.poll(wait=True)  # the step's copy must be complete before it is sent
+        self.pin(slot)
+        self._peer_thread = threading.Thread(target=self._exchange, args=(slot,), daemon=True,
                                              name="peer-replication")
         self._peer_thread.start()
 
     def _exchange(self, slot: Slot) -> None:
-        """Send our newest snapshot to the successor; receive the predecessor's into a replica."""
+        """Send our snapshot to the successor; receive the predecessor's into a replica slot."""
         t0 = time.time()
         try:
             header = {"step": slot.step, "meta": slot.meta, "layout": slot.buffer.layout.to_json(),
@@ -240,10 +259,13 @@ class Snapshotter:
             target.step, target.meta = theirs["step"], theirs["meta"]
             self.stats["peer_sends"] += 1
             self.stats["peer_seconds"] += time.time() - t0
+            with self._lock:  # `slot` now matches our successor's newest replica: keep it
+                previous, self._exchanged = self._exchanged, slot
+                if previous is not None:
+                    previous.pins -= 1
         except BaseException as exc:  # surfaced on the training thread at the next snapshot
             self._peer_error = exc
-        finally:
-            slot.pins -= 1
+            self.unpin(slot)
 
     def _swap_objects(self, obj: dict) -> dict:
         data = json.dumps(obj).encode()

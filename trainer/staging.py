@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
 
@@ -118,7 +118,3 @@ class HostBuffer:
         self.flat = None  # type: ignore[assignment]
         if unlink:
             self.path.unlink(missing_ok=True)
-
-
-def total_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)

@@ -43,7 +43,7 @@ def test_gib_quantities() -> None:
 
 
 def test_shm_holds_every_local_ranks_checkpoint_buffers() -> None:
-    """The same rule the trainer applies at start-up: a staging shard plus 2 own and 2 replica
+    """The same rule the trainer applies at start-up: a staging shard plus 3 own and 2 replica
     snapshot slots per rank, for every GPU of the node, plus the profile's headroom."""
     from config import load_profile
     from k8s.resources import checkpoint_buffers_gib, shm_size_gib
@@ -51,5 +51,5 @@ def test_shm_holds_every_local_ranks_checkpoint_buffers() -> None:
 
     p5 = load_profile("p5")  # llama3.1-8b over 16 ranks, tiers memory,node,peer
     shard_gib = preset_parameters("llama3.1-8b") * 12 / 16 / 2**30
-    assert checkpoint_buffers_gib(p5) == pytest.approx(5 * shard_gib, rel=1e-3)
-    assert shm_size_gib(p5) == math.ceil(8 * 5 * shard_gib + p5.tiers.shm_size_gib)
+    assert checkpoint_buffers_gib(p5) == pytest.approx(6 * shard_gib, rel=1e-3)
+    assert shm_size_gib(p5) == math.ceil(8 * 6 * shard_gib + p5.tiers.shm_size_gib)
