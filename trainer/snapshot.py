@@ -1,12 +1,12 @@
 """Snapshot tiers: the newest state of every rank in host memory, on its node, and on a peer.
 
-Each rank copies its shard into one of two slots (double buffering) every --snapshot_interval
-steps. A slot is a file-backed shared buffer in the node-local directory (/dev/shm or the
+Each rank copies its shard into one of two slots (double buffering; a third keeps the step last
+sent to a peer) every --snapshot_interval steps. A slot is a file-backed shared buffer in the node-local directory (/dev/shm or the
 instance-store NVMe), so it serves two tiers at once:
 - memory: after an in-process restart the very same mapped buffer is read back (no I/O);
 - node:   after a process restart (ft_launcher) the new process maps the files again.
-The peer tier sends the newest snapshot, in the background over a separate gloo group, to the
-same local rank on the next node, which keeps it in two replica slots: a lost node's ranks pull
+The peer tier sends a snapshot, in the background over a separate gloo group, to the same local
+rank on the next node, which keeps it in two replica slots: a lost node's ranks pull
 their shards back from there instead of reading the durable store.
 
 A slot's header (JSON beside it) is removed before the slot is overwritten and written only after
