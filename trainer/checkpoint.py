@@ -35,15 +35,17 @@ def default_node_dir() -> Path:
     return base / "nvrx-eks"
 
 
-def run_key(checkpoint_dir: str) -> str:
-    """Names node-local files per run, so two runs on one node never share buffers."""
-    return hashlib.sha1(os.path.abspath(checkpoint_dir).encode()).hexdigest()[:12]
+def node_root(node_dir: Optional[str], checkpoint_dir: str) -> Path:
+    """This run's node-local directory: named after the checkpoint directory, so two runs on
+    one node never share buffers."""
+    key = hashlib.sha1(os.path.abspath(checkpoint_dir).encode()).hexdigest()[:12]
+    return Path(node_dir or default_node_dir()) / key
 
 
 class CheckpointManager:
     def __init__(self, checkpoint_dir: str, *, rank: int, world_size: int, device: torch.device,
                  use_async: bool, keep: int, timeout_s: float, events: EventLog,
-                 node_dir: Optional[str] = None, log: Callable[[str], None] = print):
+                 node_root: Path, log: Callable[[str], None] = print):
         self.store = CheckpointStore(checkpoint_dir, keep=keep, warn=log)
         self.rank = rank
         self.world_size = world_size
@@ -53,7 +55,7 @@ class CheckpointManager:
         self.events = events
         self.log = log
         self.stats = SaveStats()
-        self.node_dir = Path(node_dir or default_node_dir()) / run_key(checkpoint_dir)
+        self.node_root = node_root
         self._buffer: Optional[HostBuffer] = None
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._writer = None
@@ -68,14 +70,11 @@ class CheckpointManager:
         """Map and pin the staging buffer before training, so no save pays for it."""
         self._staging_for(layout)
 
-    def _staging(self, tensors: dict[str, torch.Tensor]) -> HostBuffer:
-        return self._staging_for(Layout.of(tensors))
-
     def _staging_for(self, layout: Layout) -> HostBuffer:
         if self._buffer is None or self._buffer.layout != layout:
             if self._buffer is not None:
                 self._buffer.close(unlink=True)
-            path = self.node_dir / f"durable.rank{self.rank:05d}.buf"
+            path = self.node_root / f"durable.rank{self.rank:05d}.buf"
             self._buffer = HostBuffer(path, layout, pin=self.device.type == "cuda")
             self.stats.bytes_per_rank = layout.total_bytes
         return self._buffer
@@ -101,7 +100,7 @@ class CheckpointManager:
         self.wait_for_writer()  # the staging buffer is free only once the last write is done
         if source is None:
             tensors = local_tensors(model, optimizer)
-            buf = self._staging(tensors)
+            buf = self._staging_for(Layout.of(tensors))
             buf.stage(tensors, self._stream)
         else:
             buf = source

@@ -146,7 +146,8 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                    help="steps between in-memory snapshots (0: off)")
     g.add_argument("--tiers", type=_csv, default=d.tiers, metavar="memory,node,peer")
     g.add_argument("--memory_budget_gib", type=float, default=d.memory_budget_gib,
-                   help="host memory the snapshot buffers may use per rank (0: two shards)")
+                   help="host memory the snapshot buffers may use per rank (0: what the tiers need: "
+                        "two shards, five with the peer tier)")
     g.add_argument("--node_dir", default=d.node_dir,
                    help="node-local directory for the node tier (default /dev/shm/nvrx-eks)")
     g = p.add_argument_group("outputs")

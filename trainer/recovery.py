@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint import CheckpointManager, default_node_dir, run_key
+from trainer.checkpoint import CheckpointManager, node_root
 from trainer.config import TrainConfig
 from trainer.events import EventLog
 from trainer.parallel import DistEnv
@@ -33,20 +33,19 @@ class StateKeeper:
         self.ckpt: Optional[CheckpointManager] = keep.get("ckpt")
         self.snap: Optional[Snapshotter] = keep.get("snap")
         self.fresh = self.snap is None  # no snapshotter survived: this is a new process
+        self.node_root = node_root(cfg.node_dir, cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         if self.ckpt is not None:
-            self.ckpt.settle()  # an earlier attempt's write lands (or is dropped) first
+            self.ckpt.settle()  # an earlier attempt's write goes on; a dead writer is dropped
             self.ckpt.rank, self.ckpt.world_size = env.rank, env.world_size
         elif cfg.checkpoint_dir:
             self.ckpt = CheckpointManager(
                 cfg.checkpoint_dir, rank=env.rank, world_size=env.world_size, device=env.device,
                 use_async=cfg.use_async_checkpoint, keep=cfg.keep_checkpoints,
-                timeout_s=cfg.checkpoint_timeout, events=events, node_dir=cfg.node_dir, log=print)
+                timeout_s=cfg.checkpoint_timeout, events=events, node_root=self.node_root, log=print)
         if self.ckpt is not None:
             self.ckpt.keepalive = keepalive  # bounded waits keep heartbeats going
             keep["ckpt"] = self.ckpt
-        self.node_root = None
-        if cfg.checkpoint_dir:
-            self.node_root = Path(cfg.node_dir or default_node_dir()) / run_key(cfg.checkpoint_dir)
+        if self.node_root is not None:
             pids = self.node_root / "pids"
             pids.mkdir(parents=True, exist_ok=True)
             (pids / f"rank{env.rank:05d}").write_text(str(os.getpid()))

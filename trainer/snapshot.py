@@ -189,13 +189,7 @@ class Snapshotter:
                 time.sleep(float(os.environ[SLOW_SNAPSHOT_ENV]))
             slot.commit(step, meta, self._header_extra())
         else:
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._stream):
-                for name, dst in slot.buffer.views.items():
-                    dst.copy_(tensors[name], non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            slot.pending = (step, meta, event)
+            slot.pending = (step, meta, slot.buffer.stage(tensors, self._stream, wait=False))
         self.stats["count"] += 1
         self.stats["blocking_seconds"] += time.perf_counter() - t0
         return slot

@@ -98,17 +98,23 @@ class HostBuffer:
                                f"{self.path} failed with CUDA error {int(rc)}")
         self._pinned = True
 
-    def stage(self, tensors: Mapping[str, torch.Tensor], stream: "torch.cuda.Stream | None" = None) -> None:
-        """Copy `tensors` into the buffer; returns once the copy is complete."""
+    def stage(self, tensors: Mapping[str, torch.Tensor], stream: "torch.cuda.Stream | None" = None,
+              wait: bool = True) -> "torch.cuda.Event | None":
+        """Copy `tensors` into the buffer. On a CUDA stream the copy is ordered after the work
+        queued so far; with `wait=False` it returns the event that marks its completion."""
         if stream is None:
             for name, dst in self.views.items():
                 dst.copy_(tensors[name])
-            return
-        stream.wait_stream(torch.cuda.current_stream())
+            return None
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
         with torch.cuda.stream(stream):
             for name, dst in self.views.items():
                 dst.copy_(tensors[name], non_blocking=True)
-        stream.synchronize()
+            done = torch.cuda.Event()
+            done.record(stream)
+        if wait:
+            done.synchronize()
+        return done
 
     def close(self, unlink: bool = False) -> None:
         if self._pinned:
