@@ -176,21 +176,46 @@ RECOVERY_TIMEOUTS = ["--soft_timeout", "5", "--hard_timeout", "30", "--barrier_t
                      "--completion_timeout", "120", "--nccl_timeout", "20"]
 
 
+RECOVERY_LOCAL = {"baseline": ("--backoff_seconds", "1"),
+                  "ft_launcher": ("--heartbeat_timeout", "10", "--monitor_interval", "1"),
+                  "inprocess": (),
+                  "ft_launcher+inprocess": ("--heartbeat_timeout", "60", "--monitor_interval", "1")}
+TIERS = ["--tiers", "memory,node", "--snapshot_interval", "1"]
+
+
+def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[str],
+                   deterministic: bool, mode: str) -> list[str]:
+    extra = [] if mode == "baseline" else TIERS  # the baseline is the published one
+    return [*_model_args(model, batch, seq, data), "--max_steps", str(steps),
+            "--checkpoint_interval", str(steps // 4), *RECOVERY_TIMEOUTS, *extra,
+            "--deterministic", "true" if deterministic else "false"]
+
+
+def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
+              modes: list[str], data: Optional[str], deterministic: bool, timeout: float) -> dict:
+    """The recovery runs' settings without faults: every mode must finish with 0 restarts, and
+    in deterministic mode with one param_sha256 (the one the faulted runs must match). A
+    baseline run with deterministic mode flipped gives its step-time cost side by side."""
+    res = {}
+    runs = [(mode, deterministic) for mode in modes] + [("baseline", not deterministic)]
+    for mode, det in runs:
+        name = f"faultfree-{mode.replace('+', '-')}" + ("-det" if det else "")
+        res[name] = _train(name, out, mode, nproc,
+                           _recovery_args(model, batch, seq, steps, data, det, mode),
+                           RECOVERY_LOCAL[mode], timeout=timeout)
+        _save(out, "faultfree", res)
+    return res
+
+
 def recovery(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
-             modes: list[str], data: Optional[str]) -> dict:
-    base = [*_model_args(model, batch, seq, data), "--max_steps", str(steps),
-            "--checkpoint_interval", str(steps // 4), *FAULTS, *RECOVERY_TIMEOUTS]
-    tiers = ["--tiers", "memory,node", "--snapshot_interval", "1"]
-    local = {"baseline": ("--backoff_seconds", "1"),
-             "ft_launcher": ("--heartbeat_timeout", "10", "--monitor_interval", "1"),
-             "inprocess": (),
-             "ft_launcher+inprocess": ("--heartbeat_timeout", "60", "--monitor_interval", "1")}
+             modes: list[str], data: Optional[str], deterministic: bool, timeout: float) -> dict:
     res = {}
     for mode in modes:
         name = f"recovery-{mode.replace('+', '-')}"
-        extra = [] if mode == "baseline" else tiers  # the baseline is the published one
-        res[name] = _train(name, out, mode, nproc, [*base, *extra], local[mode], timeout=240)
-        _save(out, "recovery", res)
+        res[name] = _train(name, out, mode, nproc,
+                           [*_recovery_args(model, batch, seq, steps, data, deterministic, mode),
+                            *FAULTS], RECOVERY_LOCAL[mode], timeout=timeout)
+        _save(out, f"recovery-{'-'.join(m.replace('+', '-') for m in modes)}", res)
     return res
 
 
@@ -225,7 +250,8 @@ def bundle(out: Path) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("floors", "checkpoint", "recovery", "tiers", "bundle", "all"))
+    p.add_argument("what", choices=("floors", "checkpoint", "faultfree", "recovery", "tiers",
+                                    "bundle", "all"))
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--model", default="llama-1b")
     p.add_argument("--nproc", type=int, default=2)
@@ -237,6 +263,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
     p.add_argument("--data_path")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")
+    p.add_argument("--deterministic", action="store_true",
+                   help="recovery and fault-free runs in deterministic mode: hashes comparable")
+    p.add_argument("--run_timeout", type=float, default=400,
+                   help="seconds one recovery or fault-free run may take")
     a = p.parse_args(argv)
     global DEVICE
     DEVICE = a.device
@@ -246,9 +276,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.what in ("checkpoint", "all"):
         checkpoint(a.out, a.model, a.nproc, a.batch_size, a.seq_len,
                    [int(x) for x in a.intervals.split(",")], a.data_path)
+    if a.what == "faultfree":
+        faultfree(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
+                  a.modes.split(","), a.data_path, a.deterministic, a.run_timeout)
     if a.what in ("recovery", "all"):
         recovery(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
-                 a.modes.split(","), a.data_path)
+                 a.modes.split(","), a.data_path, a.deterministic, a.run_timeout)
     if a.what == "tiers":
         tiers(a.out, a.model, a.nproc, a.batch_size, a.seq_len, int(a.intervals.split(",")[0]),
               a.data_path)

@@ -83,8 +83,9 @@ def training_resources(spec: InstanceSpec) -> PodResources:
 def checkpoint_buffers_gib(profile: Profile) -> float:
     """Host memory one rank's checkpoint buffers take in /dev/shm, from the trainer's own rule.
 
-    The staging buffer holds one shard; the snapshot tiers add two own slots (and two replica
-    slots with the peer tier). A shard is the model's training state divided over all ranks.
+    Without snapshot tiers, checkpoints are staged in one buffer of one shard; with them,
+    checkpoints are written from the snapshot slots (trainer.snapshot.required_bytes). A shard is
+    the model's training state divided over all ranks.
     `tiers.memory_budget_gib` overrides the snapshot part (it is also what the trainer is given).
     """
     from trainer.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters
@@ -97,11 +98,11 @@ def checkpoint_buffers_gib(profile: Profile) -> float:
         raise SynthError(f"profile {profile.name!r}: trainer.model {model!r} is not a preset, so "
                          "tiers.memory_budget_gib must give the snapshot memory per rank")
     shard = preset_parameters(model) * STATE_BYTES_PER_PARAMETER / profile.world_size
-    snapshots = 0.0
     if tiers.tiers and tiers.snapshot_interval:
         peer = "peer" in tiers.tiers and profile.node_count > 1
-        snapshots = tiers.memory_budget_gib or required_bytes(int(shard), peer) / 2**30
-    return shard / 2**30 + snapshots
+        return tiers.memory_budget_gib or required_bytes(
+            int(shard), peer, durable=profile.trainer.checkpoint_interval > 0) / 2**30
+    return shard / 2**30
 
 
 def shm_size_gib(profile: Profile) -> float:

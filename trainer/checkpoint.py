@@ -75,7 +75,7 @@ class CheckpointManager:
             if self._buffer is not None:
                 self._buffer.close(unlink=True)
             path = self.node_root / f"durable.rank{self.rank:05d}.buf"
-            self._buffer = HostBuffer(path, layout, pin=self.device.type == "cuda")
+            self._buffer = HostBuffer.open(path, layout, pin=self.device.type == "cuda")
             self.stats.bytes_per_rank = layout.total_bytes
         return self._buffer
 
@@ -213,7 +213,10 @@ class CheckpointManager:
             self._uncommitted.clear()
 
     def finish(self) -> None:
-        """Drain writes and, on rank 0, commit everything still pending (bounded by the timeout)."""
+        """Drain writes and, on rank 0, commit everything still pending (bounded by the timeout).
+
+        The writer and the staging buffer stay: a re-entered attempt may still need them. They go
+        with `close`, once the process is done."""
         t0 = time.perf_counter()
         self.wait_for_writer()
         dist.barrier()
@@ -227,7 +230,6 @@ class CheckpointManager:
                 self.keepalive()
                 time.sleep(0.05)
         self.events.emit("ckpt_drain", seconds=time.perf_counter() - t0)
-        self.close()
 
     def close(self, abort: bool = False) -> None:
         if self._writer is not None:

@@ -80,6 +80,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"rank {env.rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         traceback.print_exc()
         return 1
+    except BaseException as exc:  # NVRx's RestartAbort: in-process restarts ended the job
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        if exc.__cause__ is None:  # the iteration limit or the world size, not one error
+            events.emit("error", type=type(exc).__name__, message=str(exc)[:500], fatal=True,
+                        sync=True)
+        print(f"rank {env.rank}: error: in-process restart gave up: {exc}", file=sys.stderr,
+              flush=True)
+        return 2 if isinstance(exc.__cause__, ConfigError) else 1
     finally:
         StateKeeper.release(hooks.keep, failed)
         if dist.is_initialized():

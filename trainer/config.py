@@ -37,6 +37,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 1234
     device: str = "auto"
+    deterministic: bool = False
     # checkpoints (durable tier)
     checkpoint_dir: Optional[str] = None
     checkpoint_interval: int = 0
@@ -44,6 +45,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     resume: str = "auto"
     checkpoint_timeout: float = 600.0
+    startup_timeout: float = 1200.0
     # snapshot tiers
     snapshot_interval: int = 0
     tiers: tuple[str, ...] = ()
@@ -61,7 +63,7 @@ class TrainConfig:
     completion_timeout: float = 120.0
     inprocess_max_restarts: int = 20
     min_world_size: int = 0  # 0: the world may not shrink
-    nccl_timeout: float = 60.0
+    nccl_timeout: float = 0.0  # 0: derived, see collective_timeout
     # fault injection
     fault_count: int = 0
     fault_seed: int = 42
@@ -79,6 +81,16 @@ class TrainConfig:
     @property
     def ft_launcher(self) -> bool:
         return self.mode.startswith("ft_launcher")
+
+    def collective_timeout(self, device_type: str) -> float:
+        """--nccl_timeout, or its default. Gloo collectives cannot be aborted: on CPU ranks an
+        in-process restart waits this long for a rank blocked behind a failed peer, so the
+        default there is short; NCCL communicators are aborted, so theirs can be generous."""
+        if self.nccl_timeout:
+            return self.nccl_timeout
+        if self.inprocess and device_type == "cpu":
+            return min(10.0, self.hard_timeout / 2)
+        return min(60.0, self.hard_timeout * 2 / 3) if self.inprocess else 60.0
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -130,6 +142,9 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
     g.add_argument("--grad_clip", type=float, default=d.grad_clip)
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--device", choices=DEVICES, default=d.device)
+    g.add_argument("--deterministic", type=_bool, default=d.deterministic, metavar="true|false",
+                   help="bit-reproducible GPU training: deterministic kernels and attention "
+                        "backward, fixed NCCL algorithm and protocol (slower; see BENCHMARKS.md)")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint_dir", default=d.checkpoint_dir)
     g.add_argument("--checkpoint_interval", type=int, default=d.checkpoint_interval,
@@ -140,7 +155,10 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
     g.add_argument("--resume", choices=RESUME, default=d.resume,
                    help="auto: newest complete checkpoint if any; required: error if none")
     g.add_argument("--checkpoint_timeout", type=float, default=d.checkpoint_timeout,
-                   help="seconds a background write may take before training fails")
+                   help="seconds a background write, a drain or the final save may take "
+                        "before training fails")
+    g.add_argument("--startup_timeout", type=float, default=d.startup_timeout,
+                   help="seconds start-up (model, buffers, restore, first step) may take")
     g = p.add_argument_group("snapshot tiers")
     g.add_argument("--snapshot_interval", type=int, default=d.snapshot_interval,
                    help="steps between in-memory snapshots (0: off)")
@@ -166,7 +184,8 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
     g.add_argument("--min_world_size", type=int, default=d.min_world_size,
                    help="in-process restarts may continue with this many ranks (0: all of them)")
     g.add_argument("--nccl_timeout", type=float, default=d.nccl_timeout,
-                   help="collective timeout in seconds (NCCL, or gloo on CPU ranks)")
+                   help="collective timeout in seconds (NCCL, or gloo on CPU ranks); default "
+                        "60, in in-process modes 10 on CPU ranks (gloo cannot be aborted)")
     g = p.add_argument_group("fault injection")
     g.add_argument("--fault_count", type=int, default=d.fault_count)
     g.add_argument("--fault_seed", type=int, default=d.fault_seed)
@@ -196,6 +215,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.log_interval >= 1, f"--log_interval {cfg.log_interval} must be at least 1")
     need(cfg.keep_checkpoints >= 1, f"--keep_checkpoints {cfg.keep_checkpoints} must be at least 1")
     need(cfg.checkpoint_timeout > 0, f"--checkpoint_timeout {cfg.checkpoint_timeout} must be positive")
+    need(cfg.startup_timeout > 0, f"--startup_timeout {cfg.startup_timeout} must be positive")
+    need(cfg.nccl_timeout >= 0, f"--nccl_timeout {cfg.nccl_timeout} must be positive (0: default)")
     need(cfg.min_world_size >= 0, f"--min_world_size {cfg.min_world_size} must be 0 or more")
     need(0.0 <= cfg.fault_probability <= 1.0,
          f"--fault_probability {cfg.fault_probability} must be between 0 and 1")
@@ -219,7 +240,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.soft_timeout < cfg.hard_timeout < cfg.barrier_timeout,
          f"timeouts must satisfy soft ({cfg.soft_timeout}) < hard ({cfg.hard_timeout}) "
          f"< barrier ({cfg.barrier_timeout})")
-    need(not cfg.inprocess or cfg.nccl_timeout < cfg.hard_timeout,
+    need(not cfg.inprocess or not cfg.nccl_timeout or cfg.nccl_timeout < cfg.hard_timeout,
          f"--nccl_timeout {cfg.nccl_timeout} must be below --hard_timeout {cfg.hard_timeout} in "
          f"mode {cfg.mode}: a rank blocked in a collective must come back before it is killed")
     need(cfg.soft_timeout > 1.0, f"--soft_timeout {cfg.soft_timeout} must exceed 1 second")

@@ -121,16 +121,7 @@ class FaultInjector:
         """True exactly once per fault across every restart: the marker is created atomically."""
         if self.record_dir is None:
             return True
-        self.record_dir.mkdir(parents=True, exist_ok=True)
-        path = self.record_dir / f"step{fault.step:08d}_rank{fault.rank:05d}"
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        os.write(fd, fault.type.encode())
-        os.fsync(fd)
-        os.close(fd)
-        return True
+        return claim_marker(self.record_dir / f"step{fault.step:08d}_rank{fault.rank:05d}", fault.type)
 
     def at_step(self, step: int) -> None:
         fault = self.mine.get(step)
@@ -140,6 +131,40 @@ class FaultInjector:
             return
         self.events.emit("fault", sync=True, step=step, type=fault.type)
         fire(fault.type, self.device_type, step, self.node_root)
+
+
+POINT_FAULTS_ENV = "NVRX_EKS_POINT_FAULTS"  # test hook: "buffers:1:2,final:1" (point:rank[:attempt])
+
+
+def claim_marker(path: Path, text: str) -> bool:
+    """True exactly once per path across every restart: the marker is created atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    os.write(fd, text.encode())
+    os.fsync(fd)
+    os.close(fd)
+    return True
+
+
+def at_point(point: str, step: int, rank: int, record_dir: Optional[Path], events: EventLog,
+             attempt: int = 0) -> None:
+    """Raise an injected exception at a named point of set-up or tear-down (model, buffers,
+    restore, final), as listed in NVRX_EKS_POINT_FAULTS: each entry fires once across every
+    restart, on its rank, in the first in-process attempt numbered at least its own. Tests use
+    it to interrupt re-entry and the end of a run where no step can."""
+    spec = os.environ.get(POINT_FAULTS_ENV, "")
+    if not spec or record_dir is None:
+        return
+    for i, entry in enumerate(spec.split(",")):
+        name, who, since = (entry.strip().split(":") + ["0", "0"])[:3]
+        if name != point or int(who) != rank or attempt < int(since):
+            continue
+        if claim_marker(Path(record_dir) / "faults" / f"point{i:03d}_{name}_rank{rank:05d}", name):
+            events.emit("fault", sync=True, step=step, type="exception", point=point)
+            raise InjectedFault(f"injected exception at {point}")
 
 
 def fire(kind: str, device_type: str, step: int, node_root: Optional[Path] = None) -> None:

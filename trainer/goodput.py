@@ -40,6 +40,15 @@ def _first_after(events: list[dict], t: float, names: Iterable[str], until: floa
     return None
 
 
+def _restarts(events: list[dict]) -> int:
+    """Every restart of rank 0, wherever it failed: process launches after the first, and
+    in-process re-entries (attempts after the first within one process)."""
+    launches = sum(1 for e in events if e["event"] == "launch" and e["rank"] == 0)
+    reentries = sum(1 for e in events if e["event"] == "attempt_start" and e["rank"] == 0
+                    and e.get("iteration", 0) > 0)
+    return max(0, launches - 1) + reentries
+
+
 def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> dict[str, Any]:
     events = sorted(events, key=lambda e: e["t"])
     if not events:
@@ -104,7 +113,7 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
         "training_goodput_pct": 100.0 * useful_steps * step_time / wall,
         "infra_goodput_pct": 100.0 * (wall - downtime) / wall,
         "recovery_seconds_mean": statistics.fmean(recoveries) if recoveries else None,
-        "restarts": sum(1 for e in events if e["event"] == "train_start" and e["rank"] == 0) - 1,
+        "restarts": _restarts(events),
         "checkpoint": {
             "count": len(saves),
             "interval": checkpoint_interval,

@@ -7,7 +7,9 @@ the process group is rebuilt. Two details make it work for real:
 - progress stamps reach NVRx's monitor less often than it checks (see build_wrapper), or it never
   checks; and the loop waits for the GPU without holding the GIL (train.wait_for_device);
 - the world may only shrink down to --min_world_size (default: not at all), so a lost process
-  ends the job with a clear error instead of training on with a different batch.
+  ends the job with a clear error instead of training on with a different batch;
+- set-up and tear-down run as phases (trainer.phases), outside the progress timeouts;
+- an error that no restart can fix ends the job at once (`Attempts`).
 """
 
 # No `from __future__ import annotations`: NVRx finds the CallWrapper parameter by its real annotation.
@@ -18,11 +20,12 @@ from typing import Optional
 
 import torch
 
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.events import EventLog
 from trainer.launch import INPROCESS_PORT_ENV
 from trainer.nvrx_compat import NVRX_VERSION
 from trainer.parallel import DistEnv, dist_env
+from trainer.phases import PhaseTimeout
 from trainer.train import Hooks, run
 
 
@@ -74,6 +77,31 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
     return wrapper, base_port
 
 
+class Attempts:
+    """Ends the job when restarting cannot help: an error no restart fixes (a bad setting, a
+    phase past its bound), or the same error again from an attempt that trained no step after
+    one that also trained none. One clear error then, instead of a restart storm up to the
+    iteration limit."""
+
+    FATAL = (ConfigError, PhaseTimeout)
+
+    def __init__(self) -> None:
+        self.last: Optional[str] = None  # cause of the previous failed attempt, if it trained nothing
+
+    def failed(self, exc: BaseException, steps_done: int, events: EventLog) -> None:
+        from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+
+        cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        final = isinstance(exc, self.FATAL) or (steps_done == 0 and cause == self.last)
+        self.last = cause if steps_done == 0 else None
+        if final:
+            why = "not retried" if isinstance(exc, self.FATAL) else \
+                "failed again before training a step; not retried"
+            events.emit("error", type=type(exc).__name__, message=f"{cause} ({why})",
+                        fatal=True, sync=True)
+            raise RestartAbort(f"{cause} ({why})") from exc
+
+
 def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
                   hooks: Optional[Hooks] = None) -> dict:
     """Train under the in-process Wrapper; returns the successful attempt's summary."""
@@ -98,6 +126,11 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
                       iteration=iteration, keepalive=[*base.keepalive, call_wrapper.ping],
                       on_ready=base.on_ready, meta=base.meta, on_restore=base.on_restore,
                       keep=base.keep)
-        return run(cfg, env, events, hooks)
+        try:
+            return run(cfg, env, events, hooks)
+        except Exception as exc:
+            attempts.failed(exc, hooks.steps_done, events)
+            raise
 
+    attempts = Attempts()
     return wrapper(attempt)()

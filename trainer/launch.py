@@ -102,6 +102,14 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     return LaunchSpec(**vars(a)), trainer_args
 
 
+def default_heartbeat_timeout(mode: str, hard_timeout: float, floor: float = 30.0) -> float:
+    """ft_launcher's rank heartbeat timeout: with in-process restart below it, it must outlast
+    the trainer's hard timeout, or the launcher kills ranks the wrapper is still recovering."""
+    if mode == "ft_launcher+inprocess":
+        return max(floor, hard_timeout + 30.0)
+    return floor
+
+
 def check(spec: LaunchSpec, cfg) -> None:
     """Launcher and trainer settings that only fail together."""
     if spec.mode == "ft_launcher+inprocess" and spec.heartbeat_timeout <= cfg.hard_timeout:

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 from trainer.config import MODES
 from trainer.events import EventLog
-from trainer.launch import LaunchSpec, build_command, check, launch_env
+from trainer.launch import LaunchSpec, build_command, check, default_heartbeat_timeout, launch_env
 
 
 def free_port_block(count: int = 4) -> int:
@@ -67,7 +67,9 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--backoff_seconds", type=float, default=1.0,
                    help="first restart delay; doubles each time like a Job's, capped at 30 s")
     p.add_argument("--max_restarts", type=int, default=10, help="ft_launcher worker restarts")
-    p.add_argument("--heartbeat_timeout", type=float, default=30.0)
+    p.add_argument("--heartbeat_timeout", type=float, default=None,
+                   help="ft_launcher rank heartbeat timeout (default: 30 s, and in "
+                        "ft_launcher+inprocess 30 s beyond the trainer's --hard_timeout)")
     p.add_argument("--initial_heartbeat_timeout", type=float, default=120.0)
     p.add_argument("--monitor_interval", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0: never)")
@@ -149,6 +151,10 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
             return 0
         events.emit("worker_failed", sync=True, attempt=attempt, exit_code=failed.returncode)
         _stop(procs)
+        if failed.returncode == 2:  # a setting no restart can fix
+            print(f"trainer.local: error: mode {args.mode} stopped: {_cause(events.path)}",
+                  file=sys.stderr)
+            return 2
         if attempt == args.job_restarts:
             break
         print(f"trainer.local: a launcher exited with {failed.returncode}; restarting the whole "
@@ -156,8 +162,26 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
         time.sleep(backoff)
         backoff = min(30.0, backoff * 2)
     print(f"trainer.local: error: mode {args.mode} could not recover (a launcher exited with "
-          f"{failed.returncode}; {args.job_restarts} whole-job restarts allowed)", file=sys.stderr)
+          f"{failed.returncode}; {args.job_restarts} whole-job restarts allowed): "
+          f"{_cause(events.path)}", file=sys.stderr)
     return 1
+
+
+def _cause(events_file: Optional[Path]) -> str:
+    """The error that ended the job, from the event log: the fatal ones first, else the last."""
+    from trainer.events import read_events
+
+    errors = [e for e in read_events(events_file) if e["event"] == "error"] \
+        if events_file is not None and events_file.exists() else []
+    chosen = [e for e in errors if e.get("fatal")] or errors[-1:]
+    seen: list[str] = []
+    for e in chosen:
+        line = f"rank {e['rank']}: {e['type']}: {e['message']}"
+        if e["message"].startswith(e["type"]):
+            line = f"rank {e['rank']}: {e['message']}"
+        if line not in seen:
+            seen.append(line)
+    return "; ".join(seen) or "no error was recorded; see the log above"
 
 
 def _terminate_on_sigterm() -> None:
@@ -177,6 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_dir = Path(args.run_dir or f"runs/{args.mode.replace('+', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     trainer_args = _trainer_args(args, rest, run_dir)
     cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m trainer.local")
+    if args.heartbeat_timeout is None:
+        args.heartbeat_timeout = default_heartbeat_timeout(args.mode, cfg.hard_timeout)
     check(LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, 0, "127.0.0.1", 0,
                      heartbeat_timeout=args.heartbeat_timeout), cfg)
     run_dir.mkdir(parents=True, exist_ok=True)

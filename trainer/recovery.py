@@ -18,7 +18,9 @@ import torch.distributed as dist
 from trainer.checkpoint import CheckpointManager, node_root
 from trainer.config import TrainConfig
 from trainer.events import EventLog
+from trainer.faults import at_point
 from trainer.parallel import DistEnv
+from trainer.phases import run_phase
 from trainer.snapshot import Snapshotter
 from trainer.staging import Layout
 from trainer.state import local_tensors, restore, shard_layout
@@ -30,6 +32,7 @@ class StateKeeper:
     def __init__(self, cfg: TrainConfig, env: DistEnv, events: EventLog, keep: dict,
                  keepalive: Callable[[], None], log: Callable[[str], None]):
         self.cfg, self.env, self.events, self.log = cfg, env, events, log
+        self.keepalive = keepalive
         self.ckpt: Optional[CheckpointManager] = keep.get("ckpt")
         self.snap: Optional[Snapshotter] = keep.get("snap")
         self.fresh = self.snap is None  # no snapshotter survived: this is a new process
@@ -48,17 +51,18 @@ class StateKeeper:
         if self.node_root is not None:
             pids = self.node_root / "pids"
             pids.mkdir(parents=True, exist_ok=True)
-            (pids / f"rank{env.rank:05d}").write_text(str(os.getpid()))
+            keep["pid_file"] = pids / f"rank{env.rank:05d}"
+            keep["pid_file"].write_text(str(os.getpid()))
         if cfg.tiers and self.snap is None:
             self.snap = Snapshotter(self.node_root / "snapshots", rank=env.rank, world_size=env.world_size,
                                     local_world_size=env.local_world_size, device=env.device,
                                     tiers=cfg.tiers, budget_gib=cfg.memory_budget_gib,
-                                    events=events, log=log)
+                                    durable=cfg.checkpoint_interval > 0, events=events, log=log)
             keep["snap"] = self.snap
         if self.snap is not None:
             self.snap.settle()  # a replication of the failed attempt ends (or is abandoned)
             self.snap.recover_pending()
-            self.snap.attach()
+            self.snap.attach(cfg.collective_timeout(env.device.type))
 
     # -- resume ------------------------------------------------------------------------------
     def prepare(self, model, optimizer) -> None:
@@ -124,11 +128,12 @@ class StateKeeper:
         slot = None
         if self.snap is not None:
             self.snap.poll()
-            if step % cfg.snapshot_interval == 0 or durable_due:
+            if step % cfg.snapshot_interval == 0 or durable_due or step == cfg.max_steps:
                 slot = self.snap.take(step, local_tensors(model, optimizer), meta(step))
                 self.snap.maybe_replicate(slot)
-        if durable_due:
-            self._durable(step, model, optimizer, meta, slot)
+        if durable_due:  # a sync write, or a drain of the last one: long calls, see phases
+            run_phase("checkpoint", lambda: self._durable(step, model, optimizer, meta, slot),
+                      cfg.checkpoint_timeout, self.keepalive, self.env.device)
         return time.perf_counter() - t0
 
     def _durable(self, step: int, model, optimizer, meta: MetaFn, slot, final: bool = False) -> None:
@@ -141,25 +146,29 @@ class StateKeeper:
                        on_written=lambda: self.snap.unpin(slot))
 
     def finish(self, step: int, model, optimizer, meta: MetaFn) -> None:
+        """The final checkpoint, committed. Nothing is released here: should a peer fail now,
+        the re-entered attempt still finds every tier as it was, so it never rewinds."""
         if self.snap is not None:
             self.snap.poll(wait=True)
         if self.ckpt is not None:
             if self.ckpt.last_saved_step != step:
-                self.ckpt.save(step, model, optimizer, meta(step), final=True)
+                newest = self.snap.newest() if self.snap is not None else None
+                slot = newest if newest is not None and newest.step == step else None
+                self._durable(step, model, optimizer, meta, slot, final=True)
+            at_point("final", step, self.env.rank, self.cfg.checkpoint_dir, self.events)
             self.ckpt.finish()
-        if self.snap is not None:
-            self.snap.close(remove=True)  # the run is complete: free the node's memory
-        if self.node_root is not None:
-            (self.node_root / "pids" / f"rank{self.env.rank:05d}").unlink(missing_ok=True)
 
     @staticmethod
     def release(keep: dict, failed: bool) -> None:
-        """At process exit: stop the writer (at once after a failure) and unmap the buffers.
-        A writer left running would hold the interpreter's exit forever."""
+        """At process exit: stop the writer (at once after a failure) and unmap the buffers;
+        after a complete run, free the node's memory too. A writer left running would hold
+        the interpreter's exit forever."""
         if keep.get("ckpt") is not None:
             keep["ckpt"].close(abort=failed)
         if keep.get("snap") is not None:
-            keep["snap"].close()
+            keep["snap"].close(remove=not failed)
+        if keep.get("pid_file") is not None and not failed:
+            keep["pid_file"].unlink(missing_ok=True)
 
     def stats(self) -> dict:
         out = {}

@@ -1,16 +1,19 @@
 """Snapshot tiers: the newest state of every rank in host memory, on its node, and on a peer.
 
-Each rank copies its shard into one of two slots (double buffering; a third keeps the step last
-sent to a peer) every --snapshot_interval steps. A slot is a file-backed shared buffer in the node-local directory (/dev/shm or the
-instance-store NVMe), so it serves two tiers at once:
+Each rank copies its shard into one of two slots (double buffering) every --snapshot_interval
+steps; a third keeps the step last sent to a peer, and another the step a durable checkpoint is
+being written from, so two slots always alternate and the newest complete snapshot is never the
+one being overwritten. A slot is a file-backed shared buffer in the node-local directory
+(/dev/shm or the instance-store NVMe), so it serves two tiers at once:
 - memory: after an in-process restart the very same mapped buffer is read back (no I/O);
 - node:   after a process restart (ft_launcher) the new process maps the files again.
 The peer tier sends a snapshot, in the background over a separate gloo group, to the same local
 rank on the next node, which keeps it in two replica slots: a lost node's ranks pull
 their shards back from there instead of reading the durable store.
 
-A slot's header (JSON beside it) is removed before the slot is overwritten and written only after
-the copy (or the receive) is complete, so a torn snapshot is never visible. Recovery picks the
+A slot's header (JSON beside it) is removed before the slot is overwritten and written as soon as
+the copy (or the receive) is complete, by a thread that waits for the copy, so a torn snapshot is
+never visible and a process killed one step later still leaves the previous step. Recovery picks the
 newest step that every rank can obtain from some tier, agreed through one all-gather.
 """
 
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -66,21 +71,24 @@ def read_header(path: Path) -> Optional[dict]:
         return None
 
 
-def own_slots(peer: bool) -> int:
-    """With a peer, one more own slot keeps the snapshot last sent to it: survivors must still
-    hold the step their peers' replicas hold, or no step is complete after a node loss."""
-    return SLOTS + (1 if peer else 0)
+def own_slots(peer: bool, durable: bool) -> int:
+    """Two slots alternate. With a peer, one more keeps the snapshot last sent to it: survivors
+    must still hold the step their peers' replicas hold, or no step is complete after a node
+    loss. With durable checkpoints, one more is read by the background write, which can take
+    many steps: without it, one slot would be left and every snapshot would overwrite the
+    newest complete one."""
+    return SLOTS + (1 if peer else 0) + (1 if durable else 0)
 
 
-def required_bytes(shard_bytes: int, peer: bool) -> int:
+def required_bytes(shard_bytes: int, peer: bool, durable: bool) -> int:
     """Host memory the tiers need per rank: own slots, plus replica slots with a peer."""
-    return shard_bytes * (own_slots(peer) + (PEER_SLOTS if peer else 0))
+    return shard_bytes * (own_slots(peer, durable) + (PEER_SLOTS if peer else 0))
 
 
 class Snapshotter:
     def __init__(self, root: Path, *, rank: int, world_size: int, local_world_size: int,
                  device: torch.device, tiers: tuple[str, ...], budget_gib: float,
-                 events: EventLog, log: Callable[[str], None] = print):
+                 durable: bool, events: EventLog, log: Callable[[str], None] = print):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = rank, world_size
@@ -88,6 +96,7 @@ class Snapshotter:
         self.device = device
         self.peer_enabled = "peer" in tiers and world_size > local_world_size
         self.keep_files = "node" in tiers or self.peer_enabled
+        self.durable = durable
         self.budget_gib = budget_gib
         self.events = events
         self.log = log
@@ -98,7 +107,9 @@ class Snapshotter:
         self._peer_thread: Optional[threading.Thread] = None
         self._peer_error: Optional[BaseException] = None
         self._exchanged: Optional[Slot] = None  # our last snapshot that a peer also holds
-        self._lock = threading.Lock()  # pins change on the training and replication threads
+        self._lock = threading.Lock()  # pins and commits change on several threads
+        self._copies: "queue.Queue[Optional[tuple[Slot, tuple]]]" = queue.Queue()
+        self._committer: Optional[threading.Thread] = None
         self.stats = {"count": 0, "blocking_seconds": 0.0, "skipped": 0, "peer_sends": 0,
                       "peer_seconds": 0.0}
         if "peer" in tiers and not self.peer_enabled:
@@ -114,10 +125,13 @@ class Snapshotter:
     def predecessor(self) -> int:
         return (self.rank - self.local_world_size) % self.world_size
 
-    def attach(self) -> None:
-        """Per attempt, after the process group is up: a gloo group for host-to-host copies."""
-        if self.world_size > 1:
-            self._peer_group = dist.new_group(backend="gloo")
+    def attach(self, timeout_s: float) -> None:
+        """Per attempt, after the process group is up: a gloo group for host-to-host copies
+        between nodes (none on one node: every shard is already local). Its rendezvous is
+        bounded like any collective, so a peer that failed before joining cannot hold this
+        rank (or its next attempt) for long."""
+        if self.world_size > self.local_world_size:
+            self._peer_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
     # -- buffers -----------------------------------------------------------------------------
     def _path(self, name: str) -> Path:
@@ -125,9 +139,9 @@ class Snapshotter:
 
     def allocate(self, layout: Layout) -> None:
         """Check the budget and map the own slots (once per process); errors before training."""
-        need = required_bytes(layout.total_bytes, self.peer_enabled)
+        need = required_bytes(layout.total_bytes, self.peer_enabled, self.durable)
         if self.budget_gib and need > self.budget_gib * 2**30:
-            own = own_slots(self.peer_enabled)
+            own = own_slots(self.peer_enabled, self.durable)
             kinds = f"{own} own + {PEER_SLOTS} peer replicas" if self.peer_enabled else f"{own} own"
             raise ConfigError(
                 f"--memory_budget_gib {self.budget_gib:g} cannot hold the snapshot buffers: "
@@ -136,9 +150,9 @@ class Snapshotter:
         if self.slots and self.slots[0].buffer.layout == layout:
             return
         pin = self.device.type == "cuda"
-        self.slots = [Slot(HostBuffer(self._path(f"rank{self.rank:05d}.slot{i}.buf"), layout, pin),
+        self.slots = [Slot(HostBuffer.open(self._path(f"rank{self.rank:05d}.slot{i}.buf"), layout, pin),
                            self._path(f"rank{self.rank:05d}.slot{i}.json"))
-                      for i in range(own_slots(self.peer_enabled))]
+                      for i in range(own_slots(self.peer_enabled, self.durable))]
         for slot in self.slots:  # adopt what a previous process of this rank left (node tier)
             h = read_header(slot.header)
             if h and h.get("world_size") == self.world_size and Layout.from_json(h["layout"]) == layout:
@@ -149,8 +163,8 @@ class Snapshotter:
     def _replica_slots(self, layout: Layout) -> list[Slot]:
         if not self.replicas or self.replicas[0].buffer.layout != layout:
             src = self.predecessor
-            self.replicas = [Slot(HostBuffer(self._path(f"replica.of{src:05d}.slot{i}.buf"), layout,
-                                             pin=False),
+            self.replicas = [Slot(HostBuffer.open(self._path(f"replica.of{src:05d}.slot{i}.buf"),
+                                                  layout, pin=False),
                                   self._path(f"replica.of{src:05d}.slot{i}.json"))
                              for i in range(PEER_SLOTS)]
         return self.replicas
@@ -189,7 +203,9 @@ class Snapshotter:
                 time.sleep(float(os.environ[SLOW_SNAPSHOT_ENV]))
             slot.commit(step, meta, self._header_extra())
         else:
-            slot.pending = (step, meta, slot.buffer.stage(tensors, self._stream, wait=False))
+            pending = (step, meta, slot.buffer.stage(tensors, self._stream, wait=False))
+            slot.pending = pending
+            self._commit_when_copied(slot, pending)
         self.stats["count"] += 1
         self.stats["blocking_seconds"] += time.perf_counter() - t0
         return slot
@@ -201,18 +217,41 @@ class Snapshotter:
             if slot.pending is not None:
                 torch.cuda.current_stream(self.device).wait_event(slot.pending[2])
 
+    def _commit_when_copied(self, slot: Slot, pending: tuple) -> None:
+        """Hand the copy to the committer thread, which writes the header once it is on host."""
+        if self._committer is None or not self._committer.is_alive():
+            self._committer = threading.Thread(target=self._commit_copies, daemon=True,
+                                               name="snapshot-commit")
+            self._committer.start()
+        self._copies.put((slot, pending))
+
+    def _commit_copies(self) -> None:
+        torch.cuda.set_device(self.device)
+        while (item := self._copies.get()) is not None:
+            slot, pending = item
+            try:
+                pending[2].synchronize()
+            except RuntimeError:  # a broken CUDA context: recover_pending decides
+                continue
+            self._commit_pending(slot, pending)
+
+    def _commit_pending(self, slot: Slot, pending: tuple) -> None:
+        with self._lock:
+            if slot.pending is pending:  # not committed or abandoned meanwhile
+                slot.pending = None
+                slot.commit(pending[0], pending[1], self._header_extra())
+
     def poll(self, wait: bool = False) -> None:
         """Commit the slots whose copy has finished; with `wait`, block until they all have."""
         for slot in self.slots:
-            if slot.pending is None:
+            pending = slot.pending
+            if pending is None:
                 continue
-            step, meta, event = slot.pending
             if wait:
-                event.synchronize()
-            elif not event.query():
+                pending[2].synchronize()
+            elif not pending[2].query():
                 continue
-            slot.pending = None
-            slot.commit(step, meta, self._header_extra())
+            self._commit_pending(slot, pending)
 
     def _header_extra(self) -> dict:
         return {"rank": self.rank, "world_size": self.world_size, "saved_at": time.time()}
@@ -296,16 +335,18 @@ class Snapshotter:
         """After a fault: a copy that has finished on the device is a complete snapshot (the
         optimizer waited for it), so it is committed; one still running is abandoned."""
         for slot in self.slots:
-            if slot.pending is None:
+            pending = slot.pending
+            if pending is None:
                 continue
-            step, meta, event = slot.pending
-            slot.pending = None
             try:
-                done = event.query()
+                done = pending[2].query()
             except RuntimeError:  # a broken CUDA context: trust nothing it was doing
                 done = False
             if done:
-                slot.commit(step, meta, self._header_extra())
+                self._commit_pending(slot, pending)
+            else:
+                with self._lock:
+                    slot.pending = None
 
     def inventory(self) -> dict[int, dict[int, dict]]:
         """Every snapshot on this node, own or replica, by the rank it belongs to and its step.
@@ -400,6 +441,10 @@ class Snapshotter:
     def close(self, remove: bool = False) -> None:
         """Unmap the buffers; their files stay for the node tier unless `remove`."""
         self.settle()
+        if self._committer is not None:
+            self._copies.put(None)
+            self._committer.join(timeout=10)
+            self._committer = None
         for slot in self.slots + self.replicas:
             gone = remove or not self.keep_files
             slot.buffer.close(unlink=gone)

@@ -8,6 +8,7 @@ One flat buffer per rank, file-backed (`/dev/shm` by default) and mapped shared,
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
@@ -74,7 +75,31 @@ def map_file(path: Path, nbytes: int, writable: bool) -> torch.Tensor:
 
 
 class HostBuffer:
-    """A shared, optionally CUDA-pinned, file-backed buffer holding one shard layout."""
+    """A shared, optionally CUDA-pinned, file-backed buffer holding one shard layout.
+
+    One per file and process (`HostBuffer.open`): an in-process restart gets back the very
+    buffer an interrupted attempt mapped and registered, instead of mapping the file a second
+    time. A mapping dropped while still registered with CUDA would leave its address range
+    registered, and the next mapping placed there fails with CUDA error 712.
+    """
+
+    _open: dict[Path, "HostBuffer"] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path, layout: Layout, pin: bool) -> "HostBuffer":
+        key = Path(path).resolve()
+        with cls._lock:
+            buf = cls._open.get(key)
+            if buf is not None and buf.layout == layout:
+                if pin:
+                    buf._pin()
+                return buf
+            if buf is not None:
+                buf.close()
+            buf = cls(key, layout, pin)
+            cls._open[key] = buf
+            return buf
 
     def __init__(self, path: Path, layout: Layout, pin: bool):
         self.path = Path(path)
@@ -92,6 +117,8 @@ class HostBuffer:
             self._pin()
 
     def _pin(self) -> None:
+        if self._pinned:
+            return
         rc = torch.cuda.cudart().cudaHostRegister(self.flat.data_ptr(), self.layout.total_bytes, 0)
         if int(rc) != 0:
             raise RuntimeError(f"cudaHostRegister of {self.layout.total_bytes} bytes at "
@@ -117,6 +144,12 @@ class HostBuffer:
         return done
 
     def close(self, unlink: bool = False) -> None:
+        """Unregister, then unmap (in that order, see the class docstring)."""
+        with HostBuffer._lock:
+            if HostBuffer._open.get(self.path) is self:
+                del HostBuffer._open[self.path]
+        if self.flat is None:
+            return
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self.flat.data_ptr())
             self._pinned = False

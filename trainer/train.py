@@ -10,8 +10,9 @@ import base64
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import numpy as np
 import torch
@@ -19,15 +20,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer.config import TrainConfig
+from trainer.determinism import make_deterministic
 from trainer.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.events import EventLog
-from trainer.faults import FaultInjector, schedule
+from trainer.faults import FaultInjector, at_point, schedule
 from trainer.parallel import DistEnv, build_sharded_model, full_param_sha256, init_process_group
+from trainer.phases import run_phase, settle as settle_phases
 from trainer.recovery import StateKeeper
 from trainer.state import ensure_optimizer_state
 
 
 KEEPALIVE_S = 0.25
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,6 +56,12 @@ class Hooks:
     meta: dict[str, Callable[[], dict]] = field(default_factory=dict)  # saved with checkpoints
     on_restore: dict[str, Callable[[dict], None]] = field(default_factory=dict)
     keep: dict = field(default_factory=dict)     # objects that outlive an attempt
+    steps_done: int = 0                          # training steps this attempt completed
+
+    def phase(self, name: str, fn: Callable[[], T], bound_s: float,
+              device: Optional[torch.device] = None) -> T:
+        """Run set-up or tear-down work outside the progress timeouts, bounded by `bound_s`."""
+        return run_phase(name, fn, bound_s, self.alive, device)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -119,13 +129,8 @@ def train_step(model, optimizer, tokens: torch.Tensor, lr: float, grad_clip: flo
     return loss.detach()
 
 
-def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks] = None) -> dict:
-    """One attempt at training to max_steps; returns this rank's summary."""
-    hooks = hooks or Hooks()
-    log = Rank0Log(env.rank)
-    init_process_group(env, cfg.nccl_timeout, hooks.store)
-    events.emit("pg_ready", iteration=hooks.iteration)
-
+def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log):
+    """Model, optimizer and the state keeper, restored to the newest state every rank can get."""
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)
     from trainer.model import llama_config, parameter_count
 
@@ -138,13 +143,31 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
                                   weight_decay=0.1)
     ensure_optimizer_state(model, optimizer)
-    sampler = GlobalSampler(len(data), cfg.seed)
     events.emit("model_ready", params=n_params, iteration=hooks.iteration)
-
+    point = partial(at_point, step=-1, rank=env.rank, record_dir=cfg.checkpoint_dir, events=events,
+                    attempt=hooks.iteration)
+    point("model")
     keeper = StateKeeper(cfg, env, events, hooks.keep, hooks.alive, log)
     keeper.prepare(model, optimizer)
-    step, last_loss = 0, 0.0
+    point("buffers")
     meta = keeper.restore(model, optimizer)
+    point("restore")
+    return data, model, optimizer, keeper, meta
+
+
+def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks] = None) -> dict:
+    """One attempt at training to max_steps; returns this rank's summary."""
+    hooks = hooks or Hooks()
+    log = Rank0Log(env.rank)
+    if cfg.deterministic:
+        make_deterministic()
+    settle_phases(cfg.startup_timeout, hooks.alive)
+    init_process_group(env, cfg.collective_timeout(env.device.type), hooks.store)
+    events.emit("pg_ready", iteration=hooks.iteration)
+    data, model, optimizer, keeper, meta = hooks.phase(
+        "startup", lambda: _build(cfg, env, events, hooks, log), cfg.startup_timeout, env.device)
+    sampler = GlobalSampler(len(data), cfg.seed)
+    step, last_loss = 0, 0.0
     if meta is not None:
         step, last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
         sampler.load_state_dict(meta["sampler"])
@@ -170,18 +193,26 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     def state_meta(at_step: int) -> dict:
         return _meta(at_step, sampler, env, hooks, float(loss))
 
+    def one_step() -> tuple[list[int], torch.Tensor, float]:
+        indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
+        batch = torch.from_numpy(np.stack([data.sample(i) for i in indices])).to(env.device)
+        out = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip, keeper.fence)
+        wait_for_device(env.device)
+        return indices, out, float(out.item())  # the device is done: honest step times
+
     window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
     loss = torch.tensor(last_loss, device=env.device)
 
     while step < cfg.max_steps:
         faults.at_step(step + 1)
         t0 = time.perf_counter()
-        indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
-        batch = torch.from_numpy(np.stack([data.sample(i) for i in indices])).to(env.device)
-        loss = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip, keeper.fence)
+        if hooks.steps_done == 0:  # lazy kernel, allocator and communicator set-up: a phase
+            indices, loss, loss_value = hooks.phase("first_step", one_step, cfg.startup_timeout,
+                                                    env.device)
+        else:
+            indices, loss, loss_value = one_step()
         step += 1
-        wait_for_device(env.device)
-        loss_value = float(loss.item())  # the device is done: honest step times
+        hooks.steps_done += 1
         dt = time.perf_counter() - t0
         hooks.alive()
         stall = keeper.after_step(step, model, optimizer, state_meta)
@@ -200,12 +231,14 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
                 f"ckpt stall {window_stall:.3f} s")
             window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
 
-    keeper.finish(step, model, optimizer, state_meta)
-    final_loss = loss.clone()
-    dist.all_reduce(final_loss)
-    sha = full_param_sha256(model)
-    summary = {"steps_completed": step, "final_loss": float(final_loss) / env.world_size,
-               "param_sha256": sha, **keeper.stats()}
+    def finish() -> dict:
+        keeper.finish(step, model, optimizer, state_meta)
+        final_loss = loss.clone()
+        dist.all_reduce(final_loss)
+        return {"steps_completed": step, "final_loss": float(final_loss) / env.world_size,
+                "param_sha256": full_param_sha256(model), **keeper.stats()}
+
+    summary = hooks.phase("final", finish, cfg.checkpoint_timeout + cfg.startup_timeout, env.device)
     events.emit("train_end", **summary)
     return summary
 

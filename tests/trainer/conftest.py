@@ -45,10 +45,11 @@ def local_cmd(mode: str, run_dir: Path, *trainer_args: str, nproc: int = 2,
 
 
 def run_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str, nproc: int = 2,
-              local_args: tuple[str, ...] = (), timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess:
+              local_args: tuple[str, ...] = (), timeout: float = JOB_TIMEOUT,
+              extra_env: Optional[dict] = None) -> subprocess.CompletedProcess:
     cmd = local_cmd(mode, run_dir, *trainer_args, nproc=nproc, local_args=local_args)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(cache), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(cmd, cwd=ROOT, env={**env_for(cache), **(extra_env or {})},
+                          capture_output=True, text=True, timeout=timeout)
     (run_dir / "test-output.log").parent.mkdir(parents=True, exist_ok=True)
     (run_dir / "test-output.log").write_text(proc.stdout + proc.stderr)
     return proc
@@ -103,7 +104,16 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def results(run_dir: Path) -> dict:
-    return json.loads((run_dir / "results.json").read_text())
+    """results.json; checks the suite's invariant that a fault-free run never restarts."""
+    res = json.loads((run_dir / "results.json").read_text())
+    cfg = res["config"]
+    started = [e for e in events(run_dir) if e["event"] == "launch" and e["rank"] == 0
+               and e.get("launcher_restart", 0) == 0]
+    point_faults = [e for e in events(run_dir) if e["event"] == "fault"]
+    if cfg["fault_count"] == 0 and not cfg["fault_probability"] and len(started) == 1 \
+            and not point_faults:
+        assert res["restarts"] == 0, f"a fault-free run restarted {res['restarts']} times"
+    return res
 
 
 def ok(proc: subprocess.CompletedProcess) -> None:

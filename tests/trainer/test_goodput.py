@@ -15,7 +15,7 @@ def test_one_fault_timeline():
            for s in range(1, 7)]  # steps 1..6, 1 s each; step 3 checkpoints
     ev += [_ev(5.0, "ckpt_save", step=3, blocking_s=0.5, bytes=100)]
     ev += [_ev(8.5, "fault", 1, step=7, type="exception"), _ev(9.5, "abort"),
-           _ev(10.0, "attempt_start"), _ev(10.5, "pg_ready"), _ev(11.0, "ckpt_load", step=3, tier="durable"),
+           _ev(10.0, "attempt_start", iteration=1), _ev(10.5, "pg_ready"), _ev(11.0, "ckpt_load", step=3, tier="durable"),
            _ev(11.0, "train_start", step=3)]
     ev += [_ev(11.0 + (s - 3), "step", step=s, dt=1.0) for s in range(4, 11)]  # replay 4..6, then 7..10
     ev += [_ev(17.5, "ckpt_save", step=10, blocking_s=0.25, bytes=100, final=True),

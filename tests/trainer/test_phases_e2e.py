@@ -1,0 +1,76 @@
+"""Set-up and tear-down never trip the training-progress timeouts, re-entry is idempotent at
+every set-up point, errors that recur without progress end the job at once, and a fault during
+the final save costs neither a rewind nor the result. Real jobs, real NVRx, CPU ranks."""
+
+import pytest
+
+from tests.trainer.conftest import (FAST_RECOVERY, STEPS, events, faults, faults_fired, ok,
+                                    results, run_local)
+
+from trainer.faults import POINT_FAULTS_ENV
+from trainer.phases import SLOW_PHASE_ENV
+
+MODES = ("baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess")
+TIERS = ("--tiers", "memory,node", "--snapshot_interval", "1")
+# Heartbeats shorter than the slow phases below, where the mode allows it (with in-process
+# restart inside, the heartbeat must outlast the hard timeout of 14 s).
+LOCAL = {"ft_launcher": ("--heartbeat_timeout", "6"), "ft_launcher+inprocess": ("--heartbeat_timeout", "20")}
+SLOW = "8"  # seconds: beyond the soft timeout (6 s) and the ft_launcher heartbeat (6 s)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_slow_startup_checkpoint_and_final_save_cost_no_restart(cache_dir, tmp_path, mode):
+    run_dir = tmp_path / "run"
+    proc = run_local(cache_dir, mode, run_dir, "--max_steps", "8", "--checkpoint_interval", "4",
+                     *TIERS, *FAST_RECOVERY, local_args=LOCAL.get(mode, ()),
+                     extra_env={SLOW_PHASE_ENV: f"startup={SLOW},checkpoint={SLOW},final={SLOW}"})
+    ok(proc)
+    res = results(run_dir)  # asserts restarts == 0
+    assert res["steps_completed"] == 8
+    assert not [e for e in events(run_dir) if e["event"] == "abort"]
+
+
+def test_reentry_interrupted_at_every_setup_point_recovers(cache_dir, reference, tmp_path):
+    ref = reference()
+    run_dir = tmp_path / "run"
+    # An exception at a step, then each re-entry fails at the next set-up point, on either rank.
+    points = "model:1:1,buffers:0:2,restore:1:3"
+    proc = run_local(cache_dir, "inprocess", run_dir, "--max_steps", str(STEPS),
+                     "--checkpoint_interval", "4", *TIERS, *FAST_RECOVERY, *faults("exception"),
+                     extra_env={POINT_FAULTS_ENV: points})
+    ok(proc)
+    res = results(run_dir)
+    assert res["steps_completed"] == STEPS and res["param_sha256"] == ref["param_sha256"]
+    fired = faults_fired(run_dir)
+    assert [f.get("point") for f in fired] == [None, "model", "buffers", "restore"]
+    assert res["restarts"] == 4
+
+
+def test_same_error_before_any_progress_ends_the_job_with_its_cause(cache_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_local(cache_dir, "inprocess", run_dir, "--max_steps", str(STEPS),
+                     "--checkpoint_interval", "4", *TIERS, *FAST_RECOVERY, *faults("exception"),
+                     extra_env={POINT_FAULTS_ENV: "buffers:1:1,buffers:1:2,buffers:1:3,buffers:1:4"})
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainer.local: error: mode inprocess could not recover")
+    assert "InjectedFault: injected exception at buffers" in last
+    assert "failed again before training a step" in last
+    # the second identical failure ends it: the third and fourth never fire
+    assert [f.get("point") for f in faults_fired(run_dir)] == [None, "buffers", "buffers"]
+
+
+@pytest.mark.parametrize("mode", ("inprocess", "ft_launcher"))
+def test_fault_during_the_final_save_is_survived_without_a_rewind(cache_dir, reference, tmp_path, mode):
+    ref = reference()
+    run_dir = tmp_path / "run"
+    proc = run_local(cache_dir, mode, run_dir, "--max_steps", str(STEPS), "--checkpoint_interval",
+                     "4", *TIERS, *FAST_RECOVERY, local_args=LOCAL.get(mode, ()),
+                     extra_env={POINT_FAULTS_ENV: "final:1"})
+    ok(proc)
+    res = results(run_dir)
+    assert res["steps_completed"] == STEPS and res["param_sha256"] == ref["param_sha256"]
+    (fault,) = faults_fired(run_dir)
+    assert fault["point"] == "final"
+    resumed = [e["step"] for e in events(run_dir) if e["event"] == "train_start" and e["t"] > fault["t"]]
+    assert resumed and all(step == STEPS for step in resumed)  # never rewound

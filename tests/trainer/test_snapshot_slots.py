@@ -1,0 +1,44 @@
+"""Snapshot slots: the newest complete snapshot is never the one being overwritten, also while a
+durable checkpoint is being written from another slot for many steps."""
+
+import pytest
+import torch
+
+from trainer.events import EventLog
+from trainer.snapshot import Snapshotter, own_slots, required_bytes
+
+
+def _snapshotter(tmp_path, durable: bool) -> Snapshotter:
+    return Snapshotter(tmp_path, rank=0, world_size=1, local_world_size=1,
+                       device=torch.device("cpu"), tiers=("memory", "node"), budget_gib=0.0,
+                       durable=durable, events=EventLog(None, 0))
+
+
+def _state(step: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((64,), float(step)), "m": torch.full((8, 8), float(-step))}
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_every_snapshot_leaves_the_previous_one_while_a_durable_write_reads_a_slot(tmp_path, durable):
+    snap = _snapshotter(tmp_path, durable)
+    reading = snap.take(4, _state(4), {"step": 4})
+    snap.pin(reading)  # a durable write of step 4 runs in the background for many steps
+    overwritten = []
+    for step in range(5, 12):
+        previous = snap.newest()
+        slot = snap.take(step, _state(step), {"step": step})
+        assert slot is not None and slot is not reading and reading.step == 4
+        overwritten.append(slot is previous)
+        assert snap.newest().step == step
+        assert float(snap.newest().buffer.views["w"][0]) == step
+    # With durable checkpoints the tiers keep a slot for the writer, so no snapshot ever
+    # overwrites the newest complete one; without that slot, every one would.
+    assert not any(overwritten[1:]) if durable else all(overwritten[1:])
+    snap.close(remove=True)
+
+
+def test_memory_rule_counts_the_writer_slot_and_the_peer_slots():
+    shard = 1000
+    assert own_slots(peer=False, durable=False) == 2
+    assert required_bytes(shard, peer=False, durable=True) == 3 * shard
+    assert required_bytes(shard, peer=True, durable=True) == (4 + 2) * shard  # 4 own + 2 replicas

@@ -1,0 +1,95 @@
+"""Set-up and tear-down phases: bounded on their own, invisible to the training-progress timeouts.
+
+NVRx's soft and hard timeouts and ft_launcher's heartbeats watch the training loop. Start-up
+(model build, buffer mapping, pinning and pre-touch, restore, the first step), checkpoint drains
+and the final save are long calls into C: run on the main thread they starve NVRx's progress
+stamps (which run only between the main thread's Python bytecodes), and a healthy rank is
+restarted, again and again. A phase runs that work on a helper thread while the main thread keeps
+stamping and heartbeating; the phase's own bound ends it with a clear error instead.
+
+The main thread stays interruptible throughout, so a peer's fault still restarts this rank at
+once. An interrupted phase's thread is waited for before the next attempt forms its process
+group (`settle`), so re-entry never races the work of the attempt it replaces.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable, Optional, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+SLOW_PHASE_ENV = "NVRX_EKS_SLOW_PHASE"  # test hook: "startup=8,checkpoint=8,final=8" (seconds)
+_POLL_S = 0.05
+
+_running: Optional[threading.Thread] = None  # the phase thread of this process, if any
+
+
+class PhaseTimeout(RuntimeError):
+    """A phase outlasted its bound. No restart can fix it: the job ends with this message."""
+
+
+def _slow(name: str) -> float:
+    for part in os.environ.get(SLOW_PHASE_ENV, "").split(","):
+        key, _, seconds = part.partition("=")
+        if key.strip() == name:
+            return float(seconds)
+    return 0.0
+
+
+def settle(bound_s: float, keepalive: Callable[[], None]) -> None:
+    """Wait for an interrupted attempt's phase thread: two threads must never build one state,
+    and a thread still inside a collective of the aborted process group must leave it (NCCL:
+    at once; gloo: at its timeout) before the next group is formed."""
+    global _running
+    previous = _running
+    deadline = time.monotonic() + bound_s
+    while previous is not None and previous.is_alive():
+        if time.monotonic() > deadline:
+            raise PhaseTimeout(f"the interrupted attempt's {previous.name} phase did not end "
+                               f"within {bound_s:g} s")
+        previous.join(_POLL_S)
+        keepalive()
+    _running = None
+
+
+def run_phase(name: str, fn: Callable[[], T], bound_s: float, keepalive: Callable[[], None],
+              device: Optional[torch.device] = None) -> T:
+    """Run `fn` on a helper thread; the main thread waits in Python, calling `keepalive`.
+
+    Raises `PhaseTimeout` naming the phase once it has run `bound_s` seconds, and re-raises
+    whatever `fn` raised.
+    """
+    global _running
+    settle(bound_s, keepalive)
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            if device is not None and device.type == "cuda":
+                torch.cuda.set_device(device)  # the current device is per thread
+            delay = _slow(name)
+            if delay:
+                time.sleep(delay)
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the main thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    _running = thread
+    started = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        thread.join(_POLL_S)
+        keepalive()
+        if time.monotonic() - started > bound_s and thread.is_alive():
+            raise PhaseTimeout(f"the {name} phase took more than {bound_s:g} s; "
+                               "it is not retried")
+    _running = None
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
