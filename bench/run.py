@@ -197,13 +197,15 @@ def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: in
     in deterministic mode with one param_sha256 (the one the faulted runs must match). A
     baseline run with deterministic mode flipped gives its step-time cost side by side."""
     res = {}
-    runs = [(mode, deterministic) for mode in modes] + [("baseline", not deterministic)]
+    runs = [(mode, deterministic) for mode in modes]
+    if "baseline" in modes:
+        runs.append(("baseline", not deterministic))
     for mode, det in runs:
         name = f"faultfree-{mode.replace('+', '-')}" + ("-det" if det else "")
         res[name] = _train(name, out, mode, nproc,
                            _recovery_args(model, batch, seq, steps, data, det, mode),
                            RECOVERY_LOCAL[mode], timeout=timeout)
-        _save(out, "faultfree", res)
+        _save(out, f"faultfree-{'-'.join(m.replace('+', '-') for m in modes)}", res)
     return res
 
 
