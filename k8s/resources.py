@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 
 from config import InstanceSpec, Profile
+from config.contract import snapshot_bytes
 from k8s import naming
 from k8s.errors import SynthError
 
@@ -87,8 +88,7 @@ def checkpoint_buffers_gib(profile: Profile) -> float:
     slots with the peer tier). A shard is the model's training state divided over all ranks.
     `tiers.memory_budget_gib` overrides the snapshot part (it is also what the trainer is given).
     """
-    from trainer.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters
-    from trainer.snapshot import required_bytes
+    from trainer.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters  # no torch
 
     tiers, model = profile.tiers, profile.trainer.model
     if model not in PRESETS:
@@ -100,7 +100,7 @@ def checkpoint_buffers_gib(profile: Profile) -> float:
     snapshots = 0.0
     if tiers.tiers and tiers.snapshot_interval:
         peer = "peer" in tiers.tiers and profile.node_count > 1
-        snapshots = tiers.memory_budget_gib or required_bytes(int(shard), peer) / 2**30
+        snapshots = tiers.memory_budget_gib or snapshot_bytes(int(shard), peer) / 2**30
     return shard / 2**30 + snapshots
 
 

@@ -27,13 +27,14 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+# The tiers' host-memory rule is part of the contract with the manifests (config/contract.py).
+from config.contract import PEER_SLOTS, own_slots
+from config.contract import snapshot_bytes as required_bytes
 from trainer.atomic import write_json_atomic
 from trainer.config import ConfigError
 from trainer.events import EventLog
 from trainer.staging import HostBuffer, Layout
 
-SLOTS = 2          # own snapshot slots: double buffering
-PEER_SLOTS = 2     # replica slots: the previous replica stays valid while the next arrives
 _CHUNK = 256 << 20  # peer transfers go in pieces: bounded gloo messages, steady progress
 SLOW_SNAPSHOT_ENV = "NVRX_EKS_SLOW_SNAPSHOT_S"  # fault-injection knob: widens the copy window
 
@@ -64,17 +65,6 @@ def read_header(path: Path) -> Optional[dict]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def own_slots(peer: bool) -> int:
-    """With a peer, one more own slot keeps the snapshot last sent to it: survivors must still
-    hold the step their peers' replicas hold, or no step is complete after a node loss."""
-    return SLOTS + (1 if peer else 0)
-
-
-def required_bytes(shard_bytes: int, peer: bool) -> int:
-    """Host memory the tiers need per rank: own slots, plus replica slots with a peer."""
-    return shard_bytes * (own_slots(peer) + (PEER_SLOTS if peer else 0))
 
 
 class Snapshotter:
