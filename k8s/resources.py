@@ -5,7 +5,7 @@ or fall back to TCP). CPU and memory leave headroom for the kubelet, system daem
 DaemonSets every GPU node runs (device plugins, FSx CSI node, VPC CNI), and memory also leaves
 out the 2 MiB hugepages that the node pre-allocates (those are not allocatable as memory).
 Worked example, g5.8xlarge (the tightest): 128 GiB nominal, about 124 GiB seen by the kernel,
-minus kube-reserved for 234 pods (2.8 GiB), eviction threshold and 10 GiB of huge pages leaves
+minus kube-reserved for its 205 pods (2.5 GiB; maxPods follows the VPC CNI, config.instances), eviction threshold and 10 GiB of huge pages leaves
 about 111 GiB allocatable; the pod asks for 107 GiB.
 """
 

@@ -6,7 +6,7 @@
 - Gang restart: when one rank dies, its peers' collectives fail (NCCL error, or the watchdog
   after the NCCL timeout); with TORCH_NCCL_ASYNC_ERROR_HANDLING=3 they exit, their pods fail
   and are replaced as well, and the whole gang meets again at rendezvous on rank 0.
-  `backoffLimitPerIndex` is not used: it counts per index (and is alpha in 1.28), so it
+  `backoffLimitPerIndex` is not used: it counts per index, so it
   cannot express "restart the gang N times". The global `backoffLimit` counts failed pods and
   one gang restart fails up to node_count pods, so it is recovery.backoff_limit * node_count.
 - podFailurePolicy: a pod evicted or preempted (DisruptionTarget: node drain, node loss,

@@ -29,9 +29,9 @@ def p5(**changes) -> dict:
 
 
 BAD_PROFILES = {
-    "eks-below-1.28": (
-        p5(cluster__eks_version="1.27"),
-        "eks_version '1.27' is not supported; use 1.28 or newer",
+    "eks-no-longer-created": (
+        p5(cluster__eks_version="1.30"),
+        "eks_version '1.30' is past extended support: EKS no longer creates such clusters",
     ),
     "az-not-in-region": (
         p5(availability_zone="us-west-2a"),
