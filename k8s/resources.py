@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from cdk8s_plus_35 import k8s
 
 from config import InstanceSpec, Profile
+from config import contract
 from config.contract import snapshot_bytes
 from k8s import naming
 from k8s.errors import SynthError
@@ -27,8 +28,8 @@ SYSTEM_CPU_FRACTION = 0.05
 MIN_SYSTEM_CPUS = 1
 HUGEPAGES_GIB = math.ceil(naming.EFA_HUGEPAGES_MIB / 1024)
 # EFA nodes pre-allocate huge pages for two training pods (a replacement may be admitted while
-# its predecessor terminates: infra/constants.py); all of them are missing from allocatable memory.
-NODE_HUGEPAGE_PODS = 2
+# its predecessor terminates: config/contract.py); all of them are missing from allocatable memory.
+NODE_HUGEPAGE_PODS = contract.TRAINING_PODS_PER_NODE * contract.HUGEPAGES_POD_HEADROOM
 
 
 @dataclass(frozen=True)

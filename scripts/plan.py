@@ -18,7 +18,6 @@ from config import Profile
 from config.contract import snapshot_bytes
 
 SCRATCH2_MB_PER_S_PER_TIB = 200
-STATE_BYTES_PER_PARAMETER = 12  # fp32 weights + Adam's two fp32 moments (trainer.model)
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,8 @@ def fsx_throughput_mb_s(capacity_gib: int) -> float:
 
 def make_plan(profile: Profile, nodes: int | None = None) -> Plan:
     """The plan for the profile's model at `nodes` nodes (default: the profile's node count)."""
-    from trainer.model import PRESETS, preset_parameters  # arithmetic on the preset, no torch
+    # Arithmetic on the preset's architecture numbers; trainer.model imports torch only to build.
+    from trainer.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters
 
     model = profile.trainer.model
     if model not in PRESETS:

@@ -20,12 +20,12 @@ from infra.constructs.system_nodes import node_role
 from infra.nag import acknowledge
 
 
-def node_image(gpu_ami: str) -> ec2.IMachineImage:
+def node_image_id(scope: Construct, gpu_ami: str) -> str:
     """The profile's pinned GPU image: an AMI id as is, or a release-versioned SSM parameter
     (resolved at deploy time, but naming one release, so every deploy gets the same image)."""
     if gpu_ami.startswith("ami-"):
-        return ec2.MachineImage.generic_linux({cdk.Aws.REGION: gpu_ami})
-    return ec2.MachineImage.from_ssm_parameter(gpu_ami)
+        return gpu_ami
+    return ec2.MachineImage.from_ssm_parameter(gpu_ami).get_image(scope).image_id
 
 
 def node_config(
@@ -171,7 +171,6 @@ class GpuNodes(Construct):
                 self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
             )
 
-        image = node_image(props.gpu_ami)
         user_data = gpu_user_data(
             cluster_name=cluster.cluster_name,
             endpoint=cluster.cluster_endpoint,
@@ -182,7 +181,7 @@ class GpuNodes(Construct):
             c.ROOT_VOLUME_GIB_WITH_NVME if spec.nvme_devices else c.ROOT_VOLUME_GIB_WITHOUT_NVME
         )
         data = ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-            image_id=image.get_image(self).image_id,
+            image_id=node_image_id(self, props.gpu_ami),
             instance_type=spec.instance_type,
             iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(
                 arn=profile.instance_profile_arn

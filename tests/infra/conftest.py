@@ -176,6 +176,17 @@ VARIANTS: dict[str, Callable[[], tuple[Profile, dict[str, Any]]]] = {
         ),
         {},
     ),
+    # The GPU image pinned by AMI id instead of an SSM parameter.
+    "g5-ami-id": lambda: (
+        profile_from_dict(
+            raw_profile("g5-dev")
+            | {
+                "name": "g5ami",
+                "cluster": dict(raw_profile("g5-dev")["cluster"], gpu_ami="ami-0123456789abcdef0"),
+            }
+        ),
+        {},
+    ),
     # An existing VPC by id, with its lookup answer cached as after a first `cdk synth`.
     "p4de-existing-vpc": lambda: _existing_vpc_variant(),
 }

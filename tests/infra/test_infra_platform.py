@@ -102,3 +102,32 @@ def test_core_dns_waits_for_the_system_nodes(synth, variant):
         "AWS::EKS::Addon",
         {"Properties": Match.object_like({"AddonName": "coredns"}), "DependsOn": Match.array_with([nodegroup_id])},
     )
+
+
+def test_gpu_image_pinned_by_ami_id(synth):
+    s = synth("g5-ami-id")
+    (lt,) = [
+        t for t in s.resources("gpu", "AWS::EC2::LaunchTemplate").values()
+        if "NetworkInterfaces" in t["Properties"]["LaunchTemplateData"]
+    ]
+    assert lt["Properties"]["LaunchTemplateData"]["ImageId"] == "ami-0123456789abcdef0"
+    assert not s.templates["gpu"].get("Parameters", {}).keys() - {"BootstrapVersion"}
+
+
+@pytest.mark.parametrize(
+    "instance_type, max_pods",
+    [
+        # card 0 holds 2 interfaces of 50 addresses; the EFA-only one leaves 1: 1 x 49 + 2.
+        ("p5.48xlarge", 51),
+        # 15 interfaces on card 0, one taken by EFA: 14 x 49 + 2 (737 without EFA).
+        ("p4de.24xlarge", 688),
+        # 8 interfaces of 30 addresses, one EFA: 7 x 29 + 2 (234 without EFA).
+        ("g5.8xlarge", 205),
+        # No EFA: 4 x 14 + 2, the VPC CNI's own figure.
+        ("g5.xlarge", 58),
+    ],
+)
+def test_max_pods_by_hand(instance_type, max_pods):
+    from config import instance_spec
+
+    assert instance_spec(instance_type).max_pods == max_pods
