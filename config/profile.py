@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from config.contract import MODE_NAMES, RecoveryMode
 from config.errors import ProfileError
 from config.instances import InstanceSpec, instance_spec
-from config.versions import check_eks_version
+from config.versions import DEFAULT_EKS_VERSION, check_eks_version
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 RECOVERY_MODES: tuple[str, ...] = MODE_NAMES
@@ -57,11 +57,13 @@ class ClusterSettings(_Strict):
     ones have; an upgrade is an explicit change of this field.
     """
 
-    eks_version: str
+    eks_version: str = DEFAULT_EKS_VERSION
     support_type: Literal["STANDARD", "EXTENDED"] = "STANDARD"
     gpu_ami: str
-    # The API endpoint is private unless CIDRs are given; see the README for the way in.
-    endpoint_access: Literal["public", "private", "public_and_private"] = "private"
+    # The API endpoint is private unless CIDRs are given; see the README for the way in. A
+    # public-only endpoint limited to CIDRs would lock out the kubectl handler (a Lambda in the
+    # VPC reaches the private endpoint), so it is not offered.
+    endpoint_access: Literal["private", "public_and_private"] = "private"
     public_access_cidrs: tuple[str, ...] = ()
     # EKS needs control-plane subnets in two AZs: the profile's and this one (new VPCs only).
     second_availability_zone: Optional[str] = None

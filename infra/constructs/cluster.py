@@ -15,7 +15,6 @@ from constructs import Construct, IDependable
 
 from config.versions import KUBECTL_LAYER_MINOR, kubectl_skew
 from infra import constants as c
-from infra.errors import DeploymentError
 from infra.nag import acknowledge
 
 ALL_CONTROL_PLANE_LOGS = [
@@ -32,20 +31,18 @@ class ClusterProps:
     cluster_name: str
     eks_version: str
     support_type: str  # "STANDARD" | "EXTENDED": what EKS does at the end of standard support
-    endpoint_access: str  # "public" | "private" | "public_and_private" (config.ClusterSettings)
+    endpoint_access: str  # "private" | "public_and_private" (config.ClusterSettings)
     public_access_cidrs: tuple[str, ...]
     namespace: str
     vpc: ec2.IVpc
 
 
 def endpoint_access(mode: str, cidrs: tuple[str, ...]) -> eks.EndpointAccess:
-    """Map the profile's endpoint setting to EKS; public access is limited to the CIDRs given."""
+    """Map the profile's endpoint setting to EKS; public access only from the CIDRs given (the
+    profile requires them)."""
     if mode == "private":
         return eks.EndpointAccess.PRIVATE
-    access = (
-        eks.EndpointAccess.PUBLIC if mode == "public" else eks.EndpointAccess.PUBLIC_AND_PRIVATE
-    )
-    return access.only_from(*cidrs) if cidrs else access
+    return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*cidrs)
 
 
 def pod_identity_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
@@ -89,11 +86,6 @@ class EksCluster(Construct):
                 "nvrx-eks:kubectl-skew",
                 f"EKS {props.eks_version} is more than one minor version from the bundled kubectl "
                 f"1.{KUBECTL_LAYER_MINOR} layer; Helm charts and manifests may fail to apply",
-            )
-        if props.endpoint_access == "public" and props.public_access_cidrs:
-            raise DeploymentError(
-                "endpoint_access 'public' with public_access_cidrs would lock out the kubectl "
-                "handler (a Lambda outside the VPC); use 'public_and_private' instead"
             )
 
         self.secrets_key = kms.Key(

@@ -131,3 +131,12 @@ def test_max_pods_by_hand(instance_type, max_pods):
     from config import instance_spec
 
     assert instance_spec(instance_type).max_pods == max_pods
+
+
+@pytest.mark.parametrize("variant", PROFILES)
+def test_kubectl_handler_reaches_the_private_endpoint_from_the_vpc(synth, variant):
+    s = synth(variant)
+    handlers = [
+        f["Properties"] for k, f in s.resources("cluster", "AWS::Lambda::Function").items() if "KubectlProvider" in k
+    ]
+    assert handlers and all(h["VpcConfig"]["SubnetIds"] for h in handlers)

@@ -92,6 +92,7 @@ def raw(**cluster) -> dict:
         ({"eks_version": "1.40"}, "eks_version '1.40' is newer than this app supports"),
         ({"eks_version": "1.29"}, "EKS no longer creates such clusters"),
         ({"endpoint_access": "public_and_private"}, "endpoint_access 'public_and_private' needs public_access_cidrs"),
+        ({"endpoint_access": "public"}, "cluster.endpoint_access: Input should be 'private' or 'public_and_private'"),
         ({"public_access_cidrs": ["everywhere"]}, "public_access_cidrs entry 'everywhere' is not an IPv4 CIDR"),
         ({"gpu_ami": "/aws/service/eks/optimized-ami/1.35/amazon-linux-2023/x86_64/nvidia/recommended/image_id"},
          "follows the newest release on every deploy"),
@@ -102,7 +103,7 @@ def raw(**cluster) -> dict:
         ({"second_availability_zone": "us-west-2a"}, "second_availability_zone 'us-west-2a' must be another AZ"),
         ({"second_availability_zone": None}, "cluster.second_availability_zone is required for a new VPC"),
     ],
-    ids=["past-standard", "too-new", "not-created", "public-without-cidrs", "bad-cidr", "recommended-ami",
+    ids=["past-standard", "too-new", "not-created", "public-without-cidrs", "public-only", "bad-cidr", "recommended-ami",
          "ami-of-another-version", "ami-garbage", "same-az", "az-other-region", "no-second-az"],
 )  # fmt: skip
 def test_cluster_settings_are_checked(cluster, message):
