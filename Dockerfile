@@ -61,8 +61,12 @@ RUN groupadd --gid "${APP_UID}" nvrx \
     && useradd --uid "${APP_UID}" --gid "${APP_UID}" --create-home --shell /bin/bash nvrx
 USER ${APP_UID}
 
-# Build-time smoke test: the entry points import, and the pinned NVRx is the one installed.
-RUN python -m trainer --help > /dev/null \
+# Build-time smoke test: the entry points import, the pinned NVRx is the one installed, and
+# aws-ofi-nccl registers the network name the manifests put in NCCL_NET (k8s.environment), so
+# NCCL finds it instead of failing every EFA job at start-up.
+ARG OFI_NCCL_NET="AWS Libfabric"
+RUN python -c "import ctypes, sys; lib = ctypes.CDLL('/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so'); names = [ctypes.c_char_p.in_dll(lib, f'ncclNetPlugin_v{v}').value.decode() for v in range(10, 5, -1) if hasattr(lib, f'ncclNetPlugin_v{v}')]; sys.exit(0 if names and names[0] == '${OFI_NCCL_NET}' else f'aws-ofi-nccl registers {names}, not ${OFI_NCCL_NET}')" \
+    && python -m trainer --help > /dev/null \
     && python -m trainer.launch --help > /dev/null \
     && python -m trainer.data --help > /dev/null \
     && ft_launcher --help > /dev/null \

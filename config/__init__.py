@@ -1,21 +1,20 @@
-"""Profiles and the instance table: the single source of truth for infra, manifests and trainer."""
+"""Profiles, the instance table and the contract: the single source of truth for infra,
+manifests and trainer."""
 
+from config.contract import MODE_NAMES, RecoveryMode
+from config.errors import ProfileError
 from config.instances import INSTANCE_TYPES, InstanceSpec, instance_spec, network_interface_layout
-from config.profile import (
-    RECOVERY_MODES,
-    Profile,
-    ProfileError,
-    available_profiles,
-    load_profile,
-    profile_from_dict,
-)
+from config.loading import available_profiles, load_profile, profile_from_dict
+from config.profile import RECOVERY_MODES, Profile
 
 __all__ = [
     "INSTANCE_TYPES",
     "InstanceSpec",
+    "MODE_NAMES",
     "Profile",
     "ProfileError",
     "RECOVERY_MODES",
+    "RecoveryMode",
     "available_profiles",
     "instance_spec",
     "load_profile",

@@ -10,19 +10,20 @@ import re
 from pathlib import Path
 from typing import Literal, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from config.contract import MODE_NAMES, RecoveryMode
+from config.errors import ProfileError
 from config.instances import InstanceSpec, instance_spec
+from config.versions import DEFAULT_EKS_VERSION, check_eks_version
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-MIN_EKS_VERSION = (1, 28)
-RecoveryMode = Literal["baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess"]
-RECOVERY_MODES: tuple[str, ...] = ("baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess")
+RECOVERY_MODES: tuple[str, ...] = MODE_NAMES
+Workload = Literal["job", "jobset"]
+_AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
+_AMI_SSM_PREFIX = "/aws/service/eks/optimized-ami/"
 
-
-class ProfileError(ValueError):
-    """A profile that must not reach synthesis; the message names the bad value."""
+__all__ = ["ProfileError", "Profile", "RECOVERY_MODES", "RecoveryMode"]
 
 
 class _Strict(BaseModel):
@@ -30,7 +31,12 @@ class _Strict(BaseModel):
 
 
 class CapacityReservation(_Strict):
-    """An On-Demand Capacity Reservation or an EC2 Capacity Block to launch the GPU nodes into."""
+    """An On-Demand Capacity Reservation or an EC2 Capacity Block to launch the GPU nodes into.
+
+    Either works inside the cluster placement group: EC2 launches reserved instances into a
+    cluster placement group when the reservation was made for it (a Capacity Block always is
+    co-located). `capacity_block: true` also sets the launch template's market type.
+    """
 
     id: str
     capacity_block: bool = False
@@ -44,21 +50,79 @@ class CapacityReservation(_Strict):
 
 
 class ClusterSettings(_Strict):
-    eks_version: str = "1.33"
-    endpoint_access: Literal["public", "private", "public_and_private"] = "public_and_private"
+    """The control plane, its version and upgrade policy, and the GPU node image.
+
+    `gpu_ami` pins the node image: an AMI id, or the release-versioned SSM parameter of an
+    EKS-optimized AL2023 NVIDIA AMI. Replacement nodes then boot the very image the running
+    ones have; an upgrade is an explicit change of this field.
+    """
+
+    eks_version: str = DEFAULT_EKS_VERSION
+    support_type: Literal["STANDARD", "EXTENDED"] = "STANDARD"
+    gpu_ami: str
+    # The API endpoint is private unless CIDRs are given; see the README for the way in. A
+    # public-only endpoint limited to CIDRs would lock out the kubectl handler (a Lambda in the
+    # VPC reaches the private endpoint), so it is not offered.
+    endpoint_access: Literal["private", "public_and_private"] = "private"
     public_access_cidrs: tuple[str, ...] = ()
+    # EKS needs control-plane subnets in two AZs: the profile's and this one (new VPCs only).
+    second_availability_zone: Optional[str] = None
     vpc_id: Optional[str] = None
     vpc_cidr: str = "10.0.0.0/16"
     system_instance_type: str = "m6i.large"
     system_node_count: int = Field(default=2, ge=1)
 
-    @field_validator("eks_version")
+    @field_validator("eks_version", mode="before")
     @classmethod
-    def _eks_version(cls, v: str) -> str:
-        m = re.fullmatch(r"(\d+)\.(\d+)", str(v))
-        if not m or (int(m[1]), int(m[2])) < MIN_EKS_VERSION:
-            raise ValueError(f"eks_version {v!r} is not supported; use 1.28 or newer")
-        return str(v)
+    def _eks_version(cls, v: object) -> str:
+        if not isinstance(v, str):
+            raise ValueError(
+                f"eks_version {v!r} must be a quoted string such as \"1.35\" "
+                "(YAML reads 1.30 as the number 1.3)"
+            )
+        return check_eks_version(v)
+
+    @field_validator("public_access_cidrs")
+    @classmethod
+    def _cidrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in v:
+            if not re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}/\d{1,2}", cidr):
+                raise ValueError(f"public_access_cidrs entry {cidr!r} is not an IPv4 CIDR")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClusterSettings":
+        if self.endpoint_access != "private" and not self.public_access_cidrs:
+            raise ValueError(
+                f"endpoint_access {self.endpoint_access!r} needs public_access_cidrs (the networks "
+                "allowed to reach the API server); use 'private' to keep the endpoint off the internet"
+            )
+        if self.support_type == "STANDARD" and check_eks_version(self.eks_version, extended=False) is None:
+            raise ValueError(
+                f"eks_version {self.eks_version!r} is past standard support; use a newer version "
+                "or set support_type: EXTENDED (extended support is billed extra)"
+            )
+        self._check_ami()
+        return self
+
+    def _check_ami(self) -> None:
+        ami = self.gpu_ami
+        if _AMI_ID.fullmatch(ami):
+            return
+        if not ami.startswith(_AMI_SSM_PREFIX) or not ami.endswith("/image_id"):
+            raise ValueError(
+                f"gpu_ami {ami!r} must be an AMI id (ami-...) or an SSM parameter path "
+                f"{_AMI_SSM_PREFIX}<version>/amazon-linux-2023/x86_64/nvidia/<release>/image_id"
+            )
+        if "/recommended/" in ami:
+            raise ValueError(
+                f"gpu_ami {ami!r} follows the newest release on every deploy; name a release "
+                "(README: Configuration lists them) so replacement nodes match the running ones"
+            )
+        if f"{_AMI_SSM_PREFIX}{self.eks_version}/" not in ami:
+            raise ValueError(
+                f"gpu_ami {ami!r} is not an image for eks_version {self.eks_version}"
+            )
 
 
 class StorageSettings(_Strict):
@@ -79,7 +143,7 @@ class StorageSettings(_Strict):
 class RecoverySettings(_Strict):
     """Restart budgets and timeouts; the manifests and the trainer flags both read these."""
 
-    mode: RecoveryMode = "ft_launcher+inprocess"
+    mode: RecoveryMode = RecoveryMode.FT_LAUNCHER_INPROCESS
     max_restarts: int = Field(default=20, ge=0)
     backoff_limit: int = Field(default=10, ge=0)
     heartbeat_timeout_s: float = Field(default=300.0, gt=0)
@@ -89,6 +153,10 @@ class RecoverySettings(_Strict):
     hard_timeout_s: float = Field(default=90.0, gt=0)
     barrier_timeout_s: float = Field(default=120.0, gt=0)
     completion_timeout_s: float = Field(default=120.0, gt=0)
+    # How long a node waits at rendezvous for the others. It must outlast a node replacement:
+    # detection and eviction (~2 min), a new p5 booting and joining (~10 min), the image pull
+    # (~5-10 min for 20 GB). NVRx's default of 600 s does not.
+    rdzv_join_timeout_s: float = Field(default=1800.0, gt=0)
     # Below hard_timeout_s: in in-process modes the trainer requires a hung collective to time out
     # (and raise) before the Wrapper's hard timeout kills the rank; 60 s as in the published example.
     nccl_timeout_s: float = Field(default=60.0, gt=0)
@@ -144,7 +212,9 @@ class Profile(_Strict):
     namespace: str = "nvrx"
     image: Optional[str] = None  # default: the stack's ECR repository, tag image_tag
     image_tag: str = "latest"
-    cluster: ClusterSettings = ClusterSettings()
+    # job: one Indexed Job (default); jobset: a JobSet, which restarts all its Jobs at once.
+    workload: Workload = "job"
+    cluster: ClusterSettings
     storage: StorageSettings = StorageSettings()
     recovery: RecoverySettings = RecoverySettings()
     tiers: TierSettings = TierSettings()
@@ -175,12 +245,23 @@ class Profile(_Strict):
                 f"efa_interfaces {self.efa_interfaces} disagrees with {self.instance_type}, "
                 f"which has {derived}"
             )
-        if self.placement_group and self.capacity_reservation is not None:
-            raise ValueError(
-                "placement_group must be false when a capacity_reservation is set "
-                "(a reservation or capacity block cannot be combined with a cluster placement group)"
-            )
+        self._check_second_az()
         return self
+
+    def _check_second_az(self) -> None:
+        second = self.cluster.second_availability_zone
+        if self.cluster.vpc_id is not None:
+            return
+        if second is None:
+            raise ValueError(
+                "cluster.second_availability_zone is required for a new VPC (EKS needs control-plane "
+                f"subnets in two AZs), e.g. {self.region}{'b' if not self.availability_zone.endswith('b') else 'a'}"
+            )
+        if not re.fullmatch(rf"{re.escape(self.region)}[a-z]", second) or second == self.availability_zone:
+            raise ValueError(
+                f"cluster.second_availability_zone {second!r} must be another AZ of region "
+                f"{self.region!r} than {self.availability_zone!r}"
+            )
 
     @property
     def instance(self) -> InstanceSpec:
@@ -195,32 +276,3 @@ class Profile(_Strict):
         return self.node_count * self.instance.gpus
 
 
-def available_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-
-
-def profile_from_dict(data: dict) -> Profile:
-    """Validate raw profile data; the first problem becomes a one-line ProfileError."""
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "profile"
-        msg = err["msg"].removeprefix("Value error, ")
-        raise ProfileError(f"profile {data.get('name', '?')!r}: {where}: {msg}") from None
-
-
-def load_profile(name_or_path: str) -> Profile:
-    """Load `config/profiles/NAME.yaml`, or a YAML file by path."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PROFILE_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise ProfileError(
-            f"profile {name_or_path!r} not found; available: {', '.join(available_profiles())}"
-        )
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ProfileError(f"profile file {path} must hold a mapping")
-    data.setdefault("name", path.stem)
-    return profile_from_dict(data)

@@ -15,7 +15,7 @@ import aws_cdk as cdk  # noqa: E402
 
 from config import Profile, ProfileError, load_profile  # noqa: E402
 from infra.errors import DeploymentError  # noqa: E402
-from infra.stacks import ClusterStack, NetworkStack, RegistryStack, stack_names  # noqa: E402
+from infra.stacks import ClusterStack, GpuStack, NetworkStack, RegistryStack, stack_names  # noqa: E402
 
 DEFAULT_PROFILE = "p5"
 
@@ -34,7 +34,7 @@ def resolve_account(app: cdk.App) -> str | None:
 
 
 def build(app: cdk.App, profile: Profile) -> dict[str, cdk.Stack]:
-    """Add the profile's three stacks to `app`."""
+    """Add the profile's four stacks to `app`."""
     env = cdk.Environment(account=resolve_account(app), region=profile.region)
     names = stack_names(profile)
     network = NetworkStack(
@@ -57,16 +57,26 @@ def build(app: cdk.App, profile: Profile) -> dict[str, cdk.Stack]:
         profile=profile,
         network=network.network,
         env=env,
-        description=(
-            f"nvrx-eks {profile.name}: EKS, {profile.node_count}x {profile.instance_type}, "
-            "FSx for Lustre"
-        ),
+        description=f"nvrx-eks {profile.name}: EKS, system nodes, FSx for Lustre",
     )
     cluster.add_stack_dependency(network)
-    for stack in (network, registry, cluster):
+    gpu = GpuStack(
+        app,
+        names["gpu"],
+        profile=profile,
+        network=network.network,
+        cluster=cluster,
+        env=env,
+        description=(
+            f"nvrx-eks {profile.name}: {profile.node_count}x {profile.instance_type} in "
+            f"{profile.availability_zone}"
+        ),
+    )
+    stacks = {"network": network, "registry": registry, "cluster": cluster, "gpu": gpu}
+    for stack in stacks.values():
         cdk.Tags.of(stack).add("project", "nvrx-eks")
         cdk.Tags.of(stack).add("nvrx-eks:profile", profile.name)
-    return {"network": network, "registry": registry, "cluster": cluster}
+    return stacks
 
 
 def add_nag(app: cdk.App) -> None:

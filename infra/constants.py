@@ -5,11 +5,13 @@ Each value says why it is what it is; change it here, not in a construct.
 
 from __future__ import annotations
 
+from config import contract
+
 # --- Kubernetes contract with the manifests (k8s/) ------------------------------------------
-GPU_NODE_GROUP_LABEL = ("nvrx-eks/node-group", "gpu")
-SYSTEM_NODE_GROUP_LABEL = ("nvrx-eks/node-group", "system")
-GPU_TAINT = ("nvidia.com/gpu", "true", "NoSchedule")
-FSX_PVC_NAME = "fsx-claim"
+GPU_NODE_GROUP_LABEL = (contract.NODE_GROUP_LABEL_KEY, contract.NODE_GROUP_GPU)
+SYSTEM_NODE_GROUP_LABEL = (contract.NODE_GROUP_LABEL_KEY, contract.NODE_GROUP_SYSTEM)
+GPU_TAINT = (contract.GPU_TAINT_KEY, contract.GPU_TAINT_VALUE, contract.GPU_TAINT_EFFECT)
+FSX_PVC_NAME = contract.FSX_PVC_NAME
 
 # nodeadm's `instance.localStorage.strategy: RAID0` builds one md RAID0 over every NVMe
 # instance-store device, formats it XFS and mounts it at /mnt/k8s-disks/0 (its default mount
@@ -21,15 +23,10 @@ NODEADM_RAID_MOUNT = "/mnt/k8s-disks/0"
 NODE_LOCAL_DIR = f"{NODEADM_RAID_MOUNT}/nvrx"
 
 # --- Huge pages on EFA nodes ------------------------------------------------------------------
-# Each training pod requests `hugepages-2Mi: 5120Mi` (libfabric's EFA provider and the NCCL OFI
-# plugin register bounce buffers from 2 MiB pages). One training pod runs per node; we reserve
-# room for two so that a replacement pod is admitted while the old one is still terminating.
-# kubelet only advertises huge pages that exist when it starts, so they are allocated in user
-# data, which cloud-init runs before nodeadm-run.service starts kubelet.
-HUGEPAGES_2MI_PER_POD_MIB = 5120
-TRAINING_PODS_PER_NODE = 1
-HUGEPAGES_POD_HEADROOM = 2
-NR_HUGEPAGES_2MI = HUGEPAGES_2MI_PER_POD_MIB // 2 * TRAINING_PODS_PER_NODE * HUGEPAGES_POD_HEADROOM
+# The per-pod amount and the headroom are part of the contract (config/contract.py). kubelet only
+# advertises huge pages that exist when it starts, so they are allocated in user data, which
+# cloud-init runs before nodeadm-run.service starts kubelet.
+NR_HUGEPAGES_2MI = contract.NR_HUGEPAGES_2MI
 
 # --- Node disks -------------------------------------------------------------------------------
 # The root volume holds the OS and logs; images and kubelet state move to the NVMe RAID0.
@@ -67,5 +64,12 @@ VPC_CNI_SERVICE_ACCOUNT = ("kube-system", "aws-node")
 LUSTRE_PORT = 988
 LUSTRE_PORT_RANGE = (1018, 1023)
 
-# The kubectl/helm Lambda layer bundled with this app; kubectl supports one minor version skew.
-KUBECTL_LAYER_MINOR = 33
+
+
+# --- JobSet (workload: jobset) -------------------------------------------------------------------
+# kubernetes-sigs/jobset publishes its chart as an OCI artifact on registry.k8s.io
+# (charts/jobset in the repository). Pinned: bump it here.
+JOBSET_CHART_REPO = "oci://registry.k8s.io/jobset/charts/jobset"
+JOBSET_CHART = "jobset"
+JOBSET_VERSION = "0.10.1"
+JOBSET_NAMESPACE = "jobset-system"

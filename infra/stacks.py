@@ -16,6 +16,7 @@ from infra import constants as c
 from infra.constructs.cluster import ClusterProps, EksCluster
 from infra.constructs.device_plugins import DevicePlugins, DevicePluginsProps
 from infra.constructs.gpu_nodes import GpuNodes, GpuNodesProps
+from infra.constructs.jobset import JobSetController, JobSetProps
 from infra.constructs.network import Network, NetworkProps
 from infra.constructs.registry import Registry, RegistryProps
 from infra.constructs.storage import Storage, StorageProps
@@ -39,6 +40,7 @@ def stack_names(profile: Profile) -> dict[str, str]:
         "network": f"{prefix}-network",
         "registry": f"{prefix}-registry",
         "cluster": f"{prefix}-cluster",
+        "gpu": f"{prefix}-gpu",
     }
 
 
@@ -61,6 +63,7 @@ class NetworkStack(cdk.Stack):
             "Network",
             NetworkProps(
                 availability_zone=profile.availability_zone,
+                second_availability_zone=profile.cluster.second_availability_zone,
                 vpc_cidr=profile.cluster.vpc_cidr,
                 vpc_id=profile.cluster.vpc_id,
             ),
@@ -79,7 +82,8 @@ class RegistryStack(cdk.Stack):
 
 
 class ClusterStack(cdk.Stack):
-    """EKS cluster, system and GPU nodes, device plugins, FSx with its PV/PVC."""
+    """EKS cluster, system nodes, device plugins, FSx with its PV/PVC; no GPU capacity, so a
+    GPU shortage never rolls the cluster back (the GPU nodes are GpuStack's)."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, profile: Profile, network: Network, **kwargs
@@ -94,6 +98,7 @@ class ClusterStack(cdk.Stack):
             ClusterProps(
                 cluster_name=name,
                 eks_version=settings.eks_version,
+                support_type=settings.support_type,
                 endpoint_access=settings.endpoint_access,
                 public_access_cidrs=settings.public_access_cidrs,
                 namespace=profile.namespace,
@@ -115,21 +120,13 @@ class ClusterStack(cdk.Stack):
         self.system_nodes.nodegroup.node.add_dependency(self.eks.vpc_cni, self.eks.kube_proxy)
         self.eks.add_core_dns(after=self.system_nodes.nodegroup)
 
-        self.gpu_nodes = GpuNodes(
-            self,
-            "GpuNodes",
-            GpuNodesProps(
-                cluster=cluster,
-                vpc=network.vpc,
-                subnet=network.gpu_subnet,
-                instance=profile.instance,
-                node_count=profile.node_count,
-                eks_version=settings.eks_version,
-                placement_group=profile.placement_group,
-                capacity_reservation=profile.capacity_reservation,
-            ),
-        )
-        self.gpu_nodes.auto_scaling_group.node.add_dependency(self.eks.vpc_cni, self.eks.kube_proxy)
+        self.jobset = None
+        if profile.workload == "jobset":
+            self.jobset = JobSetController(
+                self,
+                "JobSet",
+                JobSetProps(cluster=cluster, after=self.system_nodes.nodegroup),
+            )
 
         self.device_plugins = DevicePlugins(
             self,
@@ -175,7 +172,41 @@ class ClusterStack(cdk.Stack):
                 "FsxDnsName": fs.attr_dns_name,
                 "FsxMountName": fs.attr_lustre_mount_name,
                 "FsxPvcName": self.storage.pvc_name,
-                "GpuNodeRoleArn": self.gpu_nodes.role.role_arn,
                 "NodeLocalDir": c.NODE_LOCAL_DIR,
             },
         )
+
+
+class GpuStack(cdk.Stack):
+    """The GPU node group alone, so that a GPU capacity shortage (the Auto Scaling group cannot
+    launch its instances) fails or stalls only this stack: the cluster, FSx and data stay, and
+    `cdk deploy <prefix>-gpu` retries the GPU nodes alone."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        profile: Profile,
+        network: Network,
+        cluster: ClusterStack,
+        **kwargs,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.gpu_nodes = GpuNodes(
+            self,
+            "GpuNodes",
+            GpuNodesProps(
+                cluster=cluster.eks.cluster,
+                vpc=network.vpc,
+                subnet=network.gpu_subnet,
+                instance=profile.instance,
+                node_count=profile.node_count,
+                gpu_ami=profile.cluster.gpu_ami,
+                placement_group=profile.placement_group,
+                capacity_reservation=profile.capacity_reservation,
+            ),
+        )
+        # Nodes become Ready only with the CNI and kube-proxy in place.
+        self.add_stack_dependency(cluster)
+        _outputs(self, {"GpuNodeRoleArn": self.gpu_nodes.role.role_arn})

@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from config import RECOVERY_MODES, InstanceSpec, Profile
+from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
 from k8s import naming, outputs
 from k8s.errors import SynthError
 from k8s.outputs import StackOutputs
-
-IN_PROCESS_MODES = ("inprocess", "ft_launcher+inprocess")
 
 SHM_MOUNT = "/dev/shm"
 NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
@@ -56,8 +54,17 @@ class Deployment:
         return self.instance.efa_interfaces > 0
 
     @property
+    def recovery_mode(self) -> RecoveryMode:
+        return RecoveryMode(self.mode)
+
+    @property
     def uses_in_process(self) -> bool:
-        return self.mode in IN_PROCESS_MODES
+        return self.recovery_mode.in_process
+
+    @property
+    def workload(self) -> str:
+        """'job' (one Indexed Job) or 'jobset' (a JobSet of one replicated Job)."""
+        return self.profile.workload
 
     @property
     def job_name(self) -> str:
@@ -70,8 +77,9 @@ class Deployment:
 
     @property
     def master_addr(self) -> str:
-        """Rank 0's stable DNS name: hostname `<job>-0` in subdomain `<service>`, any node count."""
-        return f"{self.job_name}-0.{self.service_name}"
+        """Rank 0's stable DNS name in subdomain `<service>`, for any node count: hostname
+        `<job>-0` (Indexed Job) or `<jobset>-<replicated job>-0-0` (JobSet)."""
+        return f"{naming.pod_hostname(self.run_id, 0, self.workload)}.{self.service_name}"
 
     @property
     def fsx_mount(self) -> str:
@@ -120,7 +128,7 @@ def _check_timeouts(profile: Profile, mode: str) -> None:
     killing the process) before the Wrapper's hard timeout kills the rank. The trainer rejects
     the opposite order at start-up with exit code 2; catching it here saves a failed Job."""
     rec = profile.recovery
-    if mode in IN_PROCESS_MODES and rec.nccl_timeout_s >= rec.hard_timeout_s:
+    if RecoveryMode(mode).in_process and rec.nccl_timeout_s >= rec.hard_timeout_s:
         raise SynthError(
             f"profile {profile.name!r}: recovery.nccl_timeout_s {rec.nccl_timeout_s:g} must be below "
             f"recovery.hard_timeout_s {rec.hard_timeout_s:g} in mode {mode!r} (a rank blocked in a "
@@ -159,11 +167,13 @@ def resolve(
     chosen_mode = _check_mode(mode or profile.recovery.mode)
     _check_timeouts(profile, chosen_mode)
     check_outputs_match(profile, out)
-    rid = naming.validate_run_id(run_id or naming.default_run_id(chosen_mode, now), profile.node_count)
+    rid = naming.validate_run_id(
+        run_id or naming.default_run_id(chosen_mode, now), profile.node_count, profile.workload
+    )
     node_local = None
     if profile.tiers.node_dir == "nvme":
         node_local = out.require(outputs.NODE_LOCAL_DIR, "tiers.node_dir is 'nvme'")
-    return Deployment(
+    dep = Deployment(
         profile=profile,
         mode=chosen_mode,
         run_id=rid,
@@ -174,3 +184,7 @@ def resolve(
         namespace_owned_by_stack=out.get(outputs.NAMESPACE) is not None,
         tokenizer=tokenizer,
     )
+    from k8s.trainer_check import check_trainer_args  # imports k8s.commands, which imports us
+
+    check_trainer_args(dep)
+    return dep

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 
 from config import InstanceSpec
 from k8s import naming
@@ -19,6 +19,11 @@ from k8s.deployment import Deployment
 # Where the EFA installer puts aws-ofi-nccl in the Ubuntu image (the Dockerfile checks it exists).
 OFI_NCCL_LIB_DIR = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
 NCCL_TUNER_PLUGIN_PATH = f"{OFI_NCCL_LIB_DIR}/libnccl-ofi-tuner.so"
+NCCL_NET_PLUGIN_PATH = f"{OFI_NCCL_LIB_DIR}/libnccl-net-ofi.so"
+# The name aws-ofi-nccl registers its network under. NCCL_NET makes NCCL use that network or
+# fail at start-up: without it a missing or broken plugin silently falls back to TCP sockets.
+# The image's build-time smoke test reads this name out of the plugin (Dockerfile).
+OFI_NCCL_NET = "AWS Libfabric"
 HF_TOKEN_ENV = "HF_TOKEN"
 
 
@@ -36,6 +41,7 @@ def network_env(spec: InstanceSpec) -> dict[str, str]:
             {
                 "FI_PROVIDER": "efa",
                 "FI_EFA_FORK_SAFE": "1",  # data loader workers fork after memory registration
+                "NCCL_NET": OFI_NCCL_NET,
                 "NCCL_TUNER_PLUGIN": NCCL_TUNER_PLUGIN_PATH,
             }
         )

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+from config import contract
+from config.contract import RecoveryMode
 from k8s.errors import SynthError
 
 # Labels on every object we create; the wrapper's `cleanup` selects on PART_OF.
@@ -25,20 +27,23 @@ COMPONENT_RESULTS = "results"
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
-# Contract with the infra stacks (GPU node group).
-NODE_GROUP_LABEL = "nvrx-eks/node-group"
-NODE_GROUP_GPU = "gpu"
+# Contract with the infra stacks (GPU node group): config/contract.py.
+NODE_GROUP_LABEL = contract.NODE_GROUP_LABEL_KEY
+NODE_GROUP_GPU = contract.NODE_GROUP_GPU
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-GPU_TAINT_KEY = "nvidia.com/gpu"
-GPU_TAINT_VALUE = "true"
-GPU_TAINT_EFFECT = "NoSchedule"
+GPU_TAINT_KEY = contract.GPU_TAINT_KEY
+GPU_TAINT_VALUE = contract.GPU_TAINT_VALUE
+GPU_TAINT_EFFECT = contract.GPU_TAINT_EFFECT
+# Taints the node lifecycle controller puts on a node that stops reporting.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 
 # Extended resources advertised by the NVIDIA and EFA device plugins.
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
-EFA_HUGEPAGES_MIB = 5120  # what the GPU nodes pre-allocate per pod for libfabric's EFA buffers
+EFA_HUGEPAGES_MIB = contract.HUGEPAGES_2MI_PER_POD_MIB  # pre-allocated per pod by the GPU nodes
 EFA_HUGEPAGES = f"{EFA_HUGEPAGES_MIB}Mi"
 
 # Fixed object names shared by all runs of a namespace.
@@ -61,7 +66,7 @@ RESULTS_PREFIX = "results-"
 
 def mode_slug(mode: str) -> str:
     """A recovery mode as a DNS-label fragment and label value ('ft_launcher+inprocess' -> 'ft-launcher-inprocess')."""
-    return mode.replace("_", "-").replace("+", "-")
+    return RecoveryMode.parse(mode).slug
 
 
 def default_run_id(mode: str, now: datetime | None = None) -> str:
@@ -70,13 +75,23 @@ def default_run_id(mode: str, now: datetime | None = None) -> str:
     return f"{mode_slug(mode)}-{stamp}"
 
 
-def validate_run_id(run_id: str, node_count: int) -> str:
+JOBSET_REPLICATED_JOB = "node"  # the JobSet's one replicated Job: one pod per node
+
+
+def pod_hostname(run_id: str, index: int, workload: str = "job") -> str:
+    """The hostname of node rank `index`: `<job>-<i>`, or `<jobset>-node-0-<i>` in a JobSet."""
+    if workload == "jobset":
+        return f"{train_job_name(run_id)}-{JOBSET_REPLICATED_JOB}-0-{index}"
+    return f"{train_job_name(run_id)}-{index}"
+
+
+def validate_run_id(run_id: str, node_count: int, workload: str = "job") -> str:
     """Reject run ids that would make an invalid Job, Service or pod hostname (`<job>-<index>`)."""
     if not _DNS_LABEL.fullmatch(run_id):
         raise SynthError(
             f"run id {run_id!r} must be lowercase letters, digits and '-', starting and ending with a letter or digit"
         )
-    hostname = f"{train_job_name(run_id)}-{node_count - 1}"
+    hostname = pod_hostname(run_id, node_count - 1, workload)
     if len(hostname) > _DNS_LABEL_MAX:
         limit = len(run_id) - (len(hostname) - _DNS_LABEL_MAX)
         raise SynthError(

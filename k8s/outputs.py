@@ -11,18 +11,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from config import contract
 from k8s.errors import SynthError
 
 DEFAULT_OUTPUTS_FILE = "cdk-outputs.json"
 
 # Keys of the infra contract that this package reads.
-CLUSTER_NAME = "ClusterName"
-KUBECONFIG_COMMAND = "KubeconfigCommand"
-REGION = "Region"
-NAMESPACE = "Namespace"
-FSX_PVC_NAME = "FsxPvcName"
-ECR_REPOSITORY_URI = "EcrRepositoryUri"
-NODE_LOCAL_DIR = "NodeLocalDir"
+CLUSTER_NAME = contract.OUTPUT_CLUSTER_NAME
+KUBECONFIG_COMMAND = contract.OUTPUT_KUBECONFIG_COMMAND
+REGION = contract.OUTPUT_REGION
+NAMESPACE = contract.OUTPUT_NAMESPACE
+FSX_PVC_NAME = contract.OUTPUT_FSX_PVC_NAME
+ECR_REPOSITORY_URI = contract.OUTPUT_ECR_REPOSITORY_URI
+NODE_LOCAL_DIR = contract.OUTPUT_NODE_LOCAL_DIR
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 
-from config import InstanceSpec
+from config import InstanceSpec, contract
 from k8s import naming
 from k8s.errors import SynthError
 
@@ -82,13 +82,24 @@ def gpu_node_selector(spec: InstanceSpec) -> dict[str, str]:
 
 
 def gpu_tolerations() -> list[k8s.Toleration]:
+    """The GPU taint, and a short stay on a lost node: Kubernetes' default keeps a pod bound to
+    an unreachable node for 300 s, and the gang cannot restart before it is evicted."""
     return [
         k8s.Toleration(
             key=naming.GPU_TAINT_KEY,
             operator="Equal",
             value=naming.GPU_TAINT_VALUE,
             effect=naming.GPU_TAINT_EFFECT,
-        )
+        ),
+        *(
+            k8s.Toleration(
+                key=key,
+                operator="Exists",
+                effect="NoExecute",
+                toleration_seconds=contract.NODE_LOSS_TOLERATION_S,
+            )
+            for key in (naming.NOT_READY_TAINT, naming.UNREACHABLE_TAINT)
+        ),
     ]
 
 

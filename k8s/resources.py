@@ -5,7 +5,7 @@ or fall back to TCP). CPU and memory leave headroom for the kubelet, system daem
 DaemonSets every GPU node runs (device plugins, FSx CSI node, VPC CNI), and memory also leaves
 out the 2 MiB hugepages that the node pre-allocates (those are not allocatable as memory).
 Worked example, g5.8xlarge (the tightest): 128 GiB nominal, about 124 GiB seen by the kernel,
-minus kube-reserved for 234 pods (2.8 GiB), eviction threshold and 10 GiB of huge pages leaves
+minus kube-reserved for its 205 pods (2.5 GiB; maxPods follows the VPC CNI, config.instances), eviction threshold and 10 GiB of huge pages leaves
 about 111 GiB allocatable; the pod asks for 107 GiB.
 """
 
@@ -14,9 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 
 from config import InstanceSpec, Profile
+from config import contract
+from config.contract import snapshot_bytes
 from k8s import naming
 from k8s.errors import SynthError
 
@@ -26,8 +28,8 @@ SYSTEM_CPU_FRACTION = 0.05
 MIN_SYSTEM_CPUS = 1
 HUGEPAGES_GIB = math.ceil(naming.EFA_HUGEPAGES_MIB / 1024)
 # EFA nodes pre-allocate huge pages for two training pods (a replacement may be admitted while
-# its predecessor terminates: infra/constants.py); all of them are missing from allocatable memory.
-NODE_HUGEPAGE_PODS = 2
+# its predecessor terminates: config/contract.py); all of them are missing from allocatable memory.
+NODE_HUGEPAGE_PODS = contract.TRAINING_PODS_PER_NODE * contract.HUGEPAGES_POD_HEADROOM
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,11 @@ def checkpoint_buffers_gib(profile: Profile) -> float:
     """Host memory one rank's checkpoint buffers take in /dev/shm, from the trainer's own rule.
 
     Without snapshot tiers, checkpoints are staged in one buffer of one shard; with them,
-    checkpoints are written from the snapshot slots (trainer.snapshot.required_bytes). A shard is
+    checkpoints are written from the snapshot slots (config.contract.snapshot_bytes). A shard is
     the model's training state divided over all ranks.
     `tiers.memory_budget_gib` overrides the snapshot part (it is also what the trainer is given).
     """
-    from trainer.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters
-    from trainer.snapshot import required_bytes
+    from trainer.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters  # no torch
 
     tiers, model = profile.tiers, profile.trainer.model
     if model not in PRESETS:
@@ -100,7 +101,7 @@ def checkpoint_buffers_gib(profile: Profile) -> float:
     shard = preset_parameters(model) * STATE_BYTES_PER_PARAMETER / profile.world_size
     if tiers.tiers and tiers.snapshot_interval:
         peer = "peer" in tiers.tiers and profile.node_count > 1
-        return tiers.memory_budget_gib or required_bytes(
+        return tiers.memory_budget_gib or snapshot_bytes(
             int(shard), peer, durable=profile.trainer.checkpoint_interval > 0) / 2**30
     return shard / 2**30
 

@@ -6,7 +6,7 @@
 - Gang restart: when one rank dies, its peers' collectives fail (NCCL error, or the watchdog
   after the NCCL timeout); with TORCH_NCCL_ASYNC_ERROR_HANDLING=3 they exit, their pods fail
   and are replaced as well, and the whole gang meets again at rendezvous on rank 0.
-  `backoffLimitPerIndex` is not used: it counts per index (and is alpha in 1.28), so it
+  `backoffLimitPerIndex` is not used: it counts per index, so it
   cannot express "restart the gang N times". The global `backoffLimit` counts failed pods and
   one gang restart fails up to node_count pods, so it is recovery.backoff_limit * node_count.
 - podFailurePolicy: a pod evicted or preempted (DisruptionTarget: node drain, node loss,
@@ -22,12 +22,13 @@ level then only handles what those cannot: a lost node or an exhausted launcher 
 
 from __future__ import annotations
 
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 
 from k8s import naming
 from k8s.deployment import Deployment
 
 USAGE_ERROR_EXIT_CODE = 2
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 
 
 def backoff_limit(dep: Deployment) -> int:
@@ -53,3 +54,29 @@ def pod_failure_policy() -> k8s.PodFailurePolicy:
             ),
         ]
     )
+
+
+def jobset_spec(dep: Deployment, job_spec: dict, labels: dict[str, str]) -> dict:
+    """JobSet spec around one Indexed Job (workload: jobset).
+
+    - failurePolicy: any failed child Job restarts all of them at once (a gang restart),
+      up to recovery.backoff_limit times; a usage error (the Job's podFailurePolicy FailJob
+      on exit 2) fails the JobSet at once instead.
+    - network: pod hostnames `<jobset>-node-0-<i>` in the subdomain `<jobset>`, a headless
+      Service the controller creates (publishing not-ready pods).
+    """
+    return {
+        "network": {"enableDNSHostnames": True, "subdomain": dep.service_name},
+        "failurePolicy": {
+            "maxRestarts": dep.profile.recovery.backoff_limit,
+            "rules": [{"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
+        },
+        "successPolicy": {"operator": "All"},
+        "replicatedJobs": [
+            {
+                "name": naming.JOBSET_REPLICATED_JOB,
+                "replicas": 1,
+                "template": {"metadata": {"labels": dict(labels)}, "spec": job_spec},
+            }
+        ],
+    }

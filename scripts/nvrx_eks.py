@@ -9,6 +9,8 @@ exact kubectl commands (and, for `synth`, the manifests) without touching a clus
     nvrx-eks logs --profile p5 --rank 0 --follow
     nvrx-eks results --profile p5 --run-id <id>
     nvrx-eks stop --profile p5 --run-id <id>
+    nvrx-eks lost-node --profile p5 --node <node> # force-delete the pods of a dead node
+    nvrx-eks plan --profile p5 --nodes 16       # checkpoint sizes, write times, host memory
     nvrx-eks cleanup --profile p5               # before `cdk destroy`
 """
 
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,7 @@ from k8s.cli import add_deployment_args, add_image_tag_arg, profile_from_args
 from k8s.deployment import Deployment, check_outputs_match, image_for, resolve
 from k8s.errors import SynthError
 from k8s.outputs import StackOutputs, default_outputs_path, load_outputs
+from scripts import plan as planning
 from scripts.kubectl import Kubectl, KubectlFailed, WrapperError
 
 PROG = "nvrx-eks"
@@ -36,6 +41,9 @@ PART_OF_SELECTOR = f"{naming.LABEL_PART_OF}={naming.PART_OF}"
 TRAIN_SELECTOR = f"{PART_OF_SELECTOR},{naming.LABEL_COMPONENT}={naming.COMPONENT_TRAIN}"
 DELETE_TIMEOUT = "15m"
 READY_TIMEOUT = "10m"
+WAIT_POLL_S = 10.0
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_DURATION = re.compile(r"(\d+)([smh])")
 # What a run leaves on FSx, copied by `results`; only results.json must exist.
 RESULT_FILES = (("results.json", True), ("events.jsonl", False), ("settings.json", False), ("report", False))
 POD_COLUMNS = ",".join(
@@ -84,22 +92,45 @@ class Session:
         )
 
     def synthesize(self, dep: Deployment, parts: Sequence[str]) -> dict[str, Path]:
-        """Write the parts' manifests; returns {part: file}."""
-        written = synth.write(synth.build(dep, parts), self.outdir)
-        by_name = {path.name: path for path in written}
-        return {part: by_name[synth.file_name(part, dep.run_id)] for part in parts}
+        """Write the parts' manifests (under --dry-run: nothing); returns {part: file}."""
+        manifests = synth.build(dep, parts)
+        if not self.kubectl.dry_run:
+            synth.write(manifests, self.outdir)
+        return {part: self.outdir / synth.file_name(part, dep.run_id) for part in parts}
 
     def run_id_or_latest(self) -> str:
         """The given --run-id, else the newest training Job in the namespace (needs the cluster)."""
         if self.args.run_id:
-            return self.args.run_id
+            return checked_run_id(self.args.run_id)
         if self.kubectl.dry_run:
             raise WrapperError("--dry-run cannot look up the latest run: pass --run-id")
         data = json.loads(self.kubectl.query("get", "jobs", "--selector", TRAIN_SELECTOR, "--output", "json"))
         jobs = sorted(data.get("items", []), key=lambda j: j["metadata"]["creationTimestamp"])
         if not jobs:
             raise WrapperError(f"no training runs in namespace {self.profile.namespace!r}")
-        return jobs[-1]["metadata"]["labels"][naming.LABEL_RUN_ID]
+        return checked_run_id(jobs[-1]["metadata"]["labels"][naming.LABEL_RUN_ID])
+
+    @property
+    def train_kind(self) -> str:
+        """The kind of object a run is: an Indexed Job, or a JobSet."""
+        return "jobset" if self.profile.workload == "jobset" else "job"
+
+
+def checked_run_id(run_id: str) -> str:
+    """A run id is a DNS label: it becomes object names and label-selector values, so nothing
+    else (paths, spaces, commas, flags) may reach kubectl through it."""
+    try:
+        return naming.validate_run_id(run_id, 1)
+    except SynthError as exc:
+        raise WrapperError(str(exc)) from None
+
+
+def seconds(duration: str) -> int:
+    """'90s', '15m', '2h' -> seconds; anything else is a one-line error."""
+    match = _DURATION.fullmatch(duration)
+    if not match:
+        raise WrapperError(f"--timeout {duration!r} must be a number with s, m or h, e.g. 2h")
+    return int(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]]
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -143,14 +174,37 @@ def cmd_prepare_data(s: Session) -> int:
     s.kubectl.run("delete", "job", naming.DATA_PREP_JOB, "--ignore-not-found", "--wait=true")
     s.kubectl.run("apply", "--filename", str(files[synth.COMMON]), "--filename", str(files[synth.DATA_PREP]))
     if s.args.wait:
-        s.kubectl.run("wait", "--for=condition=complete", f"job/{naming.DATA_PREP_JOB}", f"--timeout={s.args.timeout}")
+        wait_for_job(s.kubectl, naming.DATA_PREP_JOB, seconds(s.args.timeout))
     return 0
+
+
+JOB_CONDITIONS = '{range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}'
+
+
+def wait_for_job(k: Kubectl, name: str, timeout_s: int, poll_s: float = WAIT_POLL_S) -> None:
+    """Until the Job is Complete (return) or Failed (one-line error), at most `timeout_s`.
+    `kubectl wait` watches one condition only, and would sit out the timeout on a failed Job."""
+    query = ("get", "job", name, "--output", f"jsonpath={JOB_CONDITIONS}")
+    if k.dry_run:
+        k.show(f"# until Complete or Failed, every {poll_s:g} s for at most {timeout_s} s:")
+        k.run(*query)
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        conditions = set(k.query(*query).split())
+        if "Complete" in conditions:
+            return
+        if "Failed" in conditions:
+            raise WrapperError(f"Job {name!r} failed: see `kubectl --namespace {k.namespace} describe job {name}`")
+        if time.monotonic() >= deadline:
+            raise WrapperError(f"Job {name!r} neither completed nor failed within {timeout_s} s")
+        time.sleep(poll_s)
 
 
 def cmd_status(s: Session) -> int:
     selector = TRAIN_SELECTOR
     if s.args.run_id:
-        selector = f"{selector},{naming.LABEL_RUN_ID}={s.args.run_id}"
+        selector = f"{selector},{naming.LABEL_RUN_ID}={checked_run_id(s.args.run_id)}"
     s.kubectl.run("get", "jobs", "--selector", selector, "--output", f"custom-columns={JOB_COLUMNS}")
     s.kubectl.run(
         "get", "pods", "--selector", selector,
@@ -206,12 +260,15 @@ def cmd_results(s: Session) -> int:
 
 
 def cmd_stop(s: Session) -> int:
-    """Delete the run's Job with foreground cascade: its pods go first, FSx data stays."""
+    """Delete the run's Job (or JobSet) with foreground cascade, so its pods go first, then its
+    Service, ConfigMap and NetworkPolicy; FSx data stays."""
     run_id = s.run_id_or_latest()
+    name = naming.train_job_name(run_id)
     s.kubectl.run(
-        "delete", "job", naming.train_job_name(run_id),
+        "delete", s.train_kind, name,
         "--cascade=foreground", "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}",
     )  # fmt: skip
+    s.kubectl.run("delete", "service,configmap,networkpolicy", name, "--ignore-not-found")
     s.kubectl.show(f"# stopped {run_id}; its checkpoints and metrics stay in FSx under runs/{run_id}")
     return 0
 
@@ -221,6 +278,9 @@ def cmd_cleanup(s: Session) -> int:
     more when `cdk destroy` deletes the claim and the file system; then the remaining objects.
     The namespace and the FSx PV/PVC belong to the stack and are left to `cdk destroy`."""
     k = s.kubectl
+    if s.profile.workload == "jobset":
+        k.run("delete", "jobsets", "--selector", PART_OF_SELECTOR, "--cascade=foreground", "--wait=true",
+              "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}")
     k.run(
         "delete", "jobs", "--selector", PART_OF_SELECTOR,
         "--cascade=foreground", "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}",
@@ -245,6 +305,40 @@ def cmd_cleanup(s: Session) -> int:
     return 0
 
 
+def cmd_lost_node(s: Session) -> int:
+    """Force-delete our pods bound to a node that is gone. The node lifecycle controller evicts
+    them only after the toleration (60 s) and cannot finish a deletion the dead kubelet never
+    confirms; until the pods are gone their Jobs do not replace them."""
+    node = s.args.node
+    if not _NODE_NAME.fullmatch(node):
+        raise WrapperError(f"--node {node!r} is not a Kubernetes node name")
+    s.kubectl.run(
+        "delete", "pods", "--selector", PART_OF_SELECTOR, "--field-selector", f"spec.nodeName={node}",
+        "--force", "--grace-period=0", "--ignore-not-found",
+    )  # fmt: skip
+    s.kubectl.show(f"# pods of node {node} deleted; their Jobs start replacements on healthy nodes")
+    return 0
+
+
+def cmd_plan(s: Session) -> int:
+    nodes = s.args.nodes
+    if nodes is not None and nodes < 1:
+        raise WrapperError(f"--nodes {nodes} must be at least 1")
+    step = s.args.step_seconds
+    if step is not None and step <= 0:
+        raise WrapperError(f"--step-seconds {step:g} must be positive")
+    try:
+        the_plan = planning.make_plan(s.profile, nodes)
+    except ValueError as exc:
+        raise WrapperError(f"profile {s.profile.name!r}: {exc}") from None
+    lines, warnings = planning.report(the_plan, step)
+    for line in lines:
+        s.kubectl.show(line)
+    for warning in warnings:
+        s.kubectl.show(f"warning: {warning}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Session], int]] = {
     "synth": cmd_synth,
     "image": cmd_image,
@@ -254,10 +348,12 @@ COMMANDS: dict[str, Callable[[Session], int]] = {
     "logs": cmd_logs,
     "results": cmd_results,
     "stop": cmd_stop,
+    "lost-node": cmd_lost_node,
+    "plan": cmd_plan,
     "cleanup": cmd_cleanup,
 }
 # Commands that never talk to the cluster.
-LOCAL_COMMANDS = ("synth", "image")
+LOCAL_COMMANDS = ("synth", "image", "plan")
 # Commands that synthesize manifests take the same options as `python -m k8s synth`.
 DEPLOYMENT_COMMANDS = ("synth", "submit", "prepare-data", "results")
 
@@ -271,7 +367,7 @@ def _common(parser: argparse.ArgumentParser, name: str) -> None:
     else:
         parser.add_argument("--profile", required=True, help="profile name in config/profiles, or a YAML path")
         parser.add_argument("--outputs", help="CDK outputs file (default: ./cdk-outputs.json when it exists)")
-        if name not in ("cleanup", "image"):
+        if name not in ("cleanup", "image", "lost-node", "plan"):
             parser.add_argument("--run-id", help="the run (default: the newest one)")
         if name == "image":
             add_image_tag_arg(parser)
@@ -292,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
         "logs": "logs of one node rank's newest pod",
         "results": "copy results.json, events.jsonl and the report off FSx",
         "stop": "delete one run's Job and its pods; FSx data stays",
+        "lost-node": "force-delete our pods on a node that is gone, so their Jobs replace them",
+        "plan": "checkpoint bytes, FSx write time and host memory for the profile's model",
         "cleanup": "delete every object of ours, FSx-mounting pods first",
     }
     for name, text in helps.items():
@@ -305,6 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--follow", "-f", action="store_true")
         if name == "results":
             cmd.add_argument("--dest", type=Path, help="local directory (default: runs/<run-id>)")
+        if name == "lost-node":
+            cmd.add_argument("--node", required=True, help="the node's name (kubectl get nodes)")
+        if name == "plan":
+            cmd.add_argument("--nodes", type=int, help="node count (default: the profile's)")
+            cmd.add_argument("--step-seconds", type=float, help="expected step time, to check the durable tier")
     return parser
 
 

@@ -13,7 +13,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import NoReturn, Optional, Sequence
 
-MODES = ("baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess")
+from config.contract import MODE_NAMES as MODES  # one table of recovery modes
+from config.contract import RecoveryMode
+
 FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom", "node")
 TIERS = ("memory", "node", "peer")
 RESUME = ("auto", "required", "never")
@@ -76,11 +78,11 @@ class TrainConfig:
 
     @property
     def inprocess(self) -> bool:
-        return "inprocess" in self.mode
+        return RecoveryMode(self.mode).in_process
 
     @property
     def ft_launcher(self) -> bool:
-        return self.mode.startswith("ft_launcher")
+        return RecoveryMode(self.mode).uses_ft_launcher
 
     def collective_timeout(self, device_type: str) -> float:
         """--nccl_timeout, or its default. Gloo collectives cannot be aborted: on CPU ranks an

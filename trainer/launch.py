@@ -5,6 +5,11 @@ local runner, so the cluster and a laptop start workers the same way.
 
 Ports from --master_port P: P the launcher's rendezvous store, P+1 the in-process wrapper's
 store, P+2.. the per-attempt stores of in-process restarts (one per attempt).
+
+Rendezvous: node rank 0 hosts the store (`is_host`), never decided from a DNS answer that may be
+stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
+rank is the pod's completion index (`--node-rank`, and GROUP_RANK for NVRx versions that take
+the infrastructure's rank), so ranks keep their order at any node count.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from config.contract import RecoveryMode
 from trainer.config import MODES
 
 INPROCESS_PORT_ENV = "NVRX_EKS_INPROCESS_PORT"
@@ -33,18 +39,28 @@ class LaunchSpec:
     initial_heartbeat_timeout: float = 1200.0
     monitor_interval: float = 5.0
     rdzv_id: str = "nvrx-eks"
+    rdzv_join_timeout: float = 600.0
+
+
+def rdzv_conf(spec: LaunchSpec) -> str:
+    """Rendezvous settings: node 0 hosts the store; how long a node waits for the others."""
+    if RecoveryMode(spec.mode).uses_ft_launcher:
+        is_host = "true" if spec.node_rank == 0 else "false"
+        return f"join_timeout={spec.rdzv_join_timeout:g},is_host={is_host}"
+    return f"timeout={spec.rdzv_join_timeout:g}"  # static rendezvous: rank 0 hosts by design
 
 
 def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     """argv for this node's launcher; the trainer gets `--mode` from the spec."""
     py = sys.executable
-    if spec.mode.startswith("ft_launcher"):
+    if RecoveryMode(spec.mode).uses_ft_launcher:
         from trainer.nvrx_compat import ft_launcher_flags
 
         launcher = [py, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher",
                     f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.nproc_per_node}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.master_addr}:{spec.master_port}",
-                    f"--rdzv-id={spec.rdzv_id}",
+                    f"--rdzv-id={spec.rdzv_id}", f"--rdzv-conf={rdzv_conf(spec)}",
+                    f"--node-rank={spec.node_rank}",
                     *ft_launcher_flags(spec.max_restarts, spec.heartbeat_timeout,
                                        spec.initial_heartbeat_timeout, spec.monitor_interval)]
     else:
@@ -53,6 +69,7 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
         launcher = [py, "-m", "torch.distributed.run", f"--nnodes={spec.nnodes}",
                     f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
                     f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
+                    f"--rdzv-conf={rdzv_conf(spec)}",
                     "--max-restarts=0", f"--monitor-interval={min(spec.monitor_interval, 1.0):g}"]
     return [*launcher, "-m", "trainer", "--mode", spec.mode, *trainer_args]
 
@@ -60,7 +77,8 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
 def launch_env(spec: LaunchSpec, base: Optional[dict] = None) -> dict:
     env = dict(os.environ if base is None else base)
     env[INPROCESS_PORT_ENV] = str(spec.master_port + 1)
-    if "inprocess" in spec.mode:
+    env["GROUP_RANK"] = str(spec.node_rank)  # NVRx's infrastructure group rank
+    if RecoveryMode(spec.mode).in_process:
         # A failed collective must raise in the rank (the wrapper restarts it), not kill it.
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         env.setdefault("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0")
@@ -91,10 +109,15 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     p.add_argument("--initial_heartbeat_timeout", type=float, default=1200.0)
     p.add_argument("--monitor_interval", type=float, default=5.0)
     p.add_argument("--rdzv_id", default="nvrx-eks")
+    p.add_argument("--rdzv_join_timeout", type=float, default=600.0,
+                   help="seconds a node waits for the others at rendezvous; must outlast a node "
+                        "replacement (detection, eviction, boot, image pull)")
     a = p.parse_args(argv)
     for name in ("nnodes", "nproc_per_node"):
         if getattr(a, name) < 1:
             p.error(f"--{name} {getattr(a, name)} must be at least 1")
+    if a.rdzv_join_timeout <= 0:
+        p.error(f"--rdzv_join_timeout {a.rdzv_join_timeout:g} must be positive")
     if not 0 <= a.node_rank < a.nnodes:
         p.error(f"--node_rank {a.node_rank} must be in [0, {a.nnodes})")
     if "--mode" in trainer_args:
@@ -112,7 +135,8 @@ def default_heartbeat_timeout(mode: str, hard_timeout: float, floor: float = 30.
 
 def check(spec: LaunchSpec, cfg) -> None:
     """Launcher and trainer settings that only fail together."""
-    if spec.mode == "ft_launcher+inprocess" and spec.heartbeat_timeout <= cfg.hard_timeout:
+    mode = RecoveryMode(spec.mode)
+    if mode.heartbeats and mode.in_process and spec.heartbeat_timeout <= cfg.hard_timeout:
         sys.stderr.write(
             f"python -m trainer.launch: error: --heartbeat_timeout {spec.heartbeat_timeout:g} must "
             f"exceed the trainer's --hard_timeout {cfg.hard_timeout:g}: ft_launcher would kill "

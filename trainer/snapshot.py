@@ -32,13 +32,14 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+# The tiers' host-memory rule is part of the contract with the manifests (config/contract.py).
+from config.contract import PEER_SLOTS, own_slots
+from config.contract import snapshot_bytes
 from trainer.atomic import write_json_atomic
 from trainer.config import ConfigError
 from trainer.events import EventLog
 from trainer.staging import HostBuffer, Layout
 
-SLOTS = 2          # own snapshot slots: double buffering
-PEER_SLOTS = 2     # replica slots: the previous replica stays valid while the next arrives
 _CHUNK = 256 << 20  # peer transfers go in pieces: bounded gloo messages, steady progress
 SLOW_SNAPSHOT_ENV = "NVRX_EKS_SLOW_SNAPSHOT_S"  # fault-injection knob: widens the copy window
 
@@ -69,20 +70,6 @@ def read_header(path: Path) -> Optional[dict]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def own_slots(peer: bool, durable: bool) -> int:
-    """Two slots alternate. With a peer, one more keeps the snapshot last sent to it: survivors
-    must still hold the step their peers' replicas hold, or no step is complete after a node
-    loss. With durable checkpoints, one more is read by the background write, which can take
-    many steps: without it, one slot would be left and every snapshot would overwrite the
-    newest complete one."""
-    return SLOTS + (1 if peer else 0) + (1 if durable else 0)
-
-
-def required_bytes(shard_bytes: int, peer: bool, durable: bool) -> int:
-    """Host memory the tiers need per rank: own slots, plus replica slots with a peer."""
-    return shard_bytes * (own_slots(peer, durable) + (PEER_SLOTS if peer else 0))
 
 
 class Snapshotter:
@@ -139,7 +126,7 @@ class Snapshotter:
 
     def allocate(self, layout: Layout) -> None:
         """Check the budget and map the own slots (once per process); errors before training."""
-        need = required_bytes(layout.total_bytes, self.peer_enabled, self.durable)
+        need = snapshot_bytes(layout.total_bytes, self.peer_enabled, self.durable)
         if self.budget_gib and need > self.budget_gib * 2**30:
             own = own_slots(self.peer_enabled, self.durable)
             kinds = f"{own} own + {PEER_SLOTS} peer replicas" if self.peer_enabled else f"{own} own"

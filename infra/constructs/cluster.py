@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import aws_cdk as cdk
@@ -9,11 +10,11 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk.lambda_layer_kubectl_v33 import KubectlV33Layer
+from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct, IDependable
 
+from config.versions import KUBECTL_LAYER_MINOR, kubectl_skew
 from infra import constants as c
-from infra.errors import DeploymentError
 from infra.nag import acknowledge
 
 ALL_CONTROL_PLANE_LOGS = [
@@ -29,20 +30,19 @@ ALL_CONTROL_PLANE_LOGS = [
 class ClusterProps:
     cluster_name: str
     eks_version: str
-    endpoint_access: str  # "public" | "private" | "public_and_private" (config.ClusterSettings)
+    support_type: str  # "STANDARD" | "EXTENDED": what EKS does at the end of standard support
+    endpoint_access: str  # "private" | "public_and_private" (config.ClusterSettings)
     public_access_cidrs: tuple[str, ...]
     namespace: str
     vpc: ec2.IVpc
 
 
 def endpoint_access(mode: str, cidrs: tuple[str, ...]) -> eks.EndpointAccess:
-    """Map the profile's endpoint setting to EKS; public access is limited to the CIDRs given."""
+    """Map the profile's endpoint setting to EKS; public access only from the CIDRs given (the
+    profile requires them)."""
     if mode == "private":
         return eks.EndpointAccess.PRIVATE
-    access = (
-        eks.EndpointAccess.PUBLIC if mode == "public" else eks.EndpointAccess.PUBLIC_AND_PRIVATE
-    )
-    return access.only_from(*cidrs) if cidrs else access
+    return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*cidrs)
 
 
 def pod_identity_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
@@ -66,6 +66,9 @@ class EksCluster(Construct):
     - add-ons: vpc-cni, kube-proxy, CoreDNS (after nodes exist) and the Pod Identity agent, all
       EKS-managed; vpc-cni gets its own role through Pod Identity, so the node roles do not carry
       the CNI policy (EKS best practice: pods must not inherit ENI permissions from the node).
+      vpc-cni enforces NetworkPolicies (`enableNetworkPolicy`), so the runs' policies take effect;
+    - upgrade policy: explicit. STANDARD makes EKS upgrade the control plane at the end of
+      standard support instead of silently moving to (billed) extended support.
     """
 
     cluster: eks.Cluster
@@ -78,17 +81,11 @@ class EksCluster(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: ClusterProps) -> None:
         super().__init__(scope, construct_id)
-        minor = int(props.eks_version.split(".")[1])
-        if abs(minor - c.KUBECTL_LAYER_MINOR) > 1:
+        if kubectl_skew(props.eks_version) > 1:
             cdk.Annotations.of(self).add_warning_v2(
                 "nvrx-eks:kubectl-skew",
                 f"EKS {props.eks_version} is more than one minor version from the bundled kubectl "
-                f"1.{c.KUBECTL_LAYER_MINOR} layer; Helm charts and manifests may fail to apply",
-            )
-        if props.endpoint_access == "public" and props.public_access_cidrs:
-            raise DeploymentError(
-                "endpoint_access 'public' with public_access_cidrs would lock out the kubectl "
-                "handler (a Lambda outside the VPC); use 'public_and_private' instead"
+                f"1.{KUBECTL_LAYER_MINOR} layer; Helm charts and manifests may fail to apply",
             )
 
         self.secrets_key = kms.Key(
@@ -123,8 +120,13 @@ class EksCluster(Construct):
             service_ipv4_cidr=c.SERVICE_IPV4_CIDR,
             output_config_command=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=KubectlV33Layer(self, "KubectlLayer"),
+                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
             ),
+        )
+        cfn_cluster = self.cluster.node.default_child
+        assert isinstance(cfn_cluster, eks.CfnCluster)
+        cfn_cluster.upgrade_policy = eks.CfnCluster.UpgradePolicyProperty(
+            support_type=props.support_type
         )
 
         self.pod_identity_agent = self.cluster.eks_pod_identity_agent
@@ -141,7 +143,9 @@ class EksCluster(Construct):
             service_account=cni_sa,
             role_arn=cni_role.role_arn,
         )
-        self.vpc_cni = self._addon("VpcCni", "vpc-cni")
+        self.vpc_cni = self._addon(
+            "VpcCni", "vpc-cni", configuration={"enableNetworkPolicy": "true"}
+        )
         # aws-node pods must be created after the association (the Pod Identity webhook injects
         # credentials at pod creation) and need the agent to fetch them.
         self.vpc_cni.node.add_dependency(cni_association)
@@ -163,7 +167,9 @@ class EksCluster(Construct):
         )
         self._acknowledge_cdk_internals()
 
-    def _addon(self, construct_id: str, name: str) -> eks.CfnAddon:
+    def _addon(
+        self, construct_id: str, name: str, configuration: dict | None = None
+    ) -> eks.CfnAddon:
         addon = eks.CfnAddon(
             self,
             construct_id,
@@ -171,12 +177,14 @@ class EksCluster(Construct):
             cluster_name=self.cluster.cluster_name,
             resolve_conflicts="OVERWRITE",
             preserve_on_delete=False,
+            configuration_values=json.dumps(configuration) if configuration else None,
         )
         return addon  # its Ref to the cluster orders it after the cluster
 
     def add_core_dns(self, after: IDependable) -> eks.CfnAddon:
-        """CoreDNS is a Deployment: create it once nodes that can run it exist, or EKS reports the
-        add-on DEGRADED and CloudFormation fails the stack."""
+        """CoreDNS is a Deployment: create it once nodes that can run it exist. Before that its
+        pods stay Pending and EKS reports the add-on DEGRADED, which CloudFormation accepts as
+        created: the stack would succeed with cluster DNS that does not answer until nodes come."""
         core_dns = self._addon("CoreDns", "coredns")
         core_dns.node.add_dependency(after)
         return core_dns

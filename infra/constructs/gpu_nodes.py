@@ -20,18 +20,24 @@ from infra.constructs.system_nodes import node_role
 from infra.nag import acknowledge
 
 
-def al2023_nvidia_ami_parameter(eks_version: str) -> str:
-    """SSM parameter of the EKS-optimized AL2023 NVIDIA AMI (resolved at deploy time)."""
-    return (
-        f"/aws/service/eks/optimized-ami/{eks_version}/amazon-linux-2023/x86_64/nvidia/"
-        "recommended/image_id"
-    )
+def node_image_id(scope: Construct, gpu_ami: str) -> str:
+    """The profile's pinned GPU image: an AMI id as is, or a release-versioned SSM parameter
+    (resolved at deploy time, but naming one release, so every deploy gets the same image)."""
+    if gpu_ami.startswith("ami-"):
+        return gpu_ami
+    return ec2.MachineImage.from_ssm_parameter(gpu_ami).get_image(scope).image_id
 
 
 def node_config(
-    *, cluster_name: str, endpoint: str, certificate_authority: str, local_storage: bool
+    *,
+    cluster_name: str,
+    endpoint: str,
+    certificate_authority: str,
+    local_storage: bool,
+    max_pods: int,
 ) -> dict:
-    """nodeadm's NodeConfig (node.eks.aws/v1alpha1): join, label, taint, RAID0 the instance store."""
+    """nodeadm's NodeConfig (node.eks.aws/v1alpha1): join, label, taint, RAID0 the instance
+    store, and cap pods at what the VPC CNI can give addresses to."""
     label_key, label_value = c.GPU_NODE_GROUP_LABEL
     taint_key, taint_value, taint_effect = c.GPU_TAINT
     spec: dict = {
@@ -42,6 +48,7 @@ def node_config(
             "cidr": c.SERVICE_IPV4_CIDR,
         },
         "kubelet": {
+            "config": {"maxPods": max_pods},
             "flags": [
                 f"--node-labels={label_key}={label_value}",
                 f"--register-with-taints={taint_key}={taint_value}:{taint_effect}",
@@ -78,6 +85,7 @@ def gpu_user_data(
         endpoint=endpoint,
         certificate_authority=certificate_authority,
         local_storage=instance.nvme_devices > 0,
+        max_pods=instance.max_pods,
     )
     user_data.add_part(
         ec2.MultipartBody.from_raw_body(
@@ -99,7 +107,7 @@ class GpuNodesProps:
     subnet: ec2.ISubnet
     instance: InstanceSpec
     node_count: int
-    eks_version: str
+    gpu_ami: str
     placement_group: bool
     capacity_reservation: Optional[CapacityReservation]
 
@@ -109,9 +117,13 @@ class GpuNodes(Construct):
 
     The launch template lists one network interface per slot of
     `config.network_interface_layout` (p5: the ENA primary plus 32 EFA-only interfaces), in a
-    cluster placement group unless capacity is reserved (EC2 rejects the combination for
-    capacity). Every interface is in the cluster security group (control plane, system nodes,
-    FSx clients) and in an EFA group that allows all traffic within itself, as EFA requires.
+    cluster placement group when the profile asks for one, and into the profile's On-Demand
+    Capacity Reservation or Capacity Block when it names one (both combine with the group).
+
+    Every interface is in the cluster security group (control plane, system nodes, FSx
+    clients) and in an EFA group that allows all traffic to and from itself, as EFA requires.
+    Security groups add up: the EFA group's egress rule does not restrict anything, since the
+    cluster security group already allows all outbound traffic.
     """
 
     role: iam.Role
@@ -142,7 +154,7 @@ class GpuNodes(Construct):
             self,
             "EfaSecurityGroup",
             vpc=props.vpc,
-            description="EFA: all traffic between GPU nodes, nothing else",
+            description="EFA: all traffic between GPU nodes",
             allow_all_outbound=False,
         )
         self.efa_security_group.add_ingress_rule(
@@ -159,7 +171,6 @@ class GpuNodes(Construct):
                 self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
             )
 
-        image = ec2.MachineImage.from_ssm_parameter(al2023_nvidia_ami_parameter(props.eks_version))
         user_data = gpu_user_data(
             cluster_name=cluster.cluster_name,
             endpoint=cluster.cluster_endpoint,
@@ -170,7 +181,7 @@ class GpuNodes(Construct):
             c.ROOT_VOLUME_GIB_WITH_NVME if spec.nvme_devices else c.ROOT_VOLUME_GIB_WITHOUT_NVME
         )
         data = ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-            image_id=image.get_image(self).image_id,
+            image_id=node_image_id(self, props.gpu_ami),
             instance_type=spec.instance_type,
             iam_instance_profile=ec2.CfnLaunchTemplate.IamInstanceProfileProperty(
                 arn=profile.instance_profile_arn

@@ -20,6 +20,7 @@ _DUMMY_VPC_ID = "vpc-12345"
 @dataclass(frozen=True)
 class NetworkProps:
     availability_zone: str  # where the GPU capacity is; GPU nodes and FSx go here
+    second_availability_zone: Optional[str] = None  # the control plane's second AZ (new VPC)
     vpc_cidr: str = "10.0.0.0/16"
     vpc_id: Optional[str] = None  # reuse an existing VPC (needs a lookup, i.e. credentials once)
 
@@ -28,7 +29,8 @@ class Network(Construct):
     """A new VPC (or an existing one by id), its flow log, and the GPU subnet.
 
     EKS needs control-plane subnets in at least two AZs, so a new VPC spans the profile's AZ and
-    one more; everything latency-sensitive (GPU nodes, FSx) is pinned to the profile's AZ.
+    the profile's `cluster.second_availability_zone` (checked against the account's AZs, like
+    the first); everything latency-sensitive (GPU nodes, FSx) is pinned to the profile's AZ.
     """
 
     vpc: ec2.IVpc
@@ -40,17 +42,22 @@ class Network(Construct):
         az = props.availability_zone
         known_azs = [a for a in stack.availability_zones if not cdk.Token.is_unresolved(a)]
         lookup_pending = not known_azs or set(known_azs) <= _DUMMY_AZS
-        if not lookup_pending and az not in known_azs:
-            raise DeploymentError(
-                f"availability zone {az} does not exist in {stack.region} for this account "
-                f"(it has {', '.join(known_azs)})"
-            )
+        for name, zone in (("availability zone", az), ("second availability zone", props.second_availability_zone)):
+            if zone and not lookup_pending and zone not in known_azs:
+                raise DeploymentError(
+                    f"{name} {zone} does not exist in {stack.region} for this account "
+                    f"(it has {', '.join(known_azs)})"
+                )
 
         if props.vpc_id:
             self.vpc = ec2.Vpc.from_lookup(self, "Vpc", vpc_id=props.vpc_id)
         else:
-            other = next((a for a in stack.availability_zones if a != az), None)
-            self.vpc = self._new_vpc(az, other, props.vpc_cidr)
+            if not props.second_availability_zone or props.second_availability_zone == az:
+                raise DeploymentError(
+                    "a new VPC needs a second availability zone other than "
+                    f"{az} (cluster.second_availability_zone)"
+                )
+            self.vpc = self._new_vpc(az, props.second_availability_zone, props.vpc_cidr)
 
         # Flow logs for either kind of VPC: a second flow log on an existing VPC is harmless.
         log_group = logs.LogGroup(
@@ -82,8 +89,8 @@ class Network(Construct):
             ).subnets
         self.gpu_subnet = private[0]
 
-    def _new_vpc(self, az: str, other_az: Optional[str], cidr: str) -> ec2.Vpc:
-        azs = [az] + ([other_az] if other_az else [])
+    def _new_vpc(self, az: str, other_az: str, cidr: str) -> ec2.Vpc:
+        azs = [az, other_az]
         vpc = ec2.Vpc(
             self,
             "Vpc",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 
 
 def meta(name: str, labels: Mapping[str, str], namespace: str | None = None) -> k8s.ObjectMeta:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 
 from cdk8s import Chart
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 from constructs import Construct
 
 from k8s import commands, naming, pod

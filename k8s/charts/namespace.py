@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cdk8s import Chart
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 from constructs import Construct
 
 from k8s import naming

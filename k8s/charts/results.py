@@ -7,7 +7,7 @@ deadline removes it even if the wrapper dies mid-copy, so it cannot keep FSx mou
 from __future__ import annotations
 
 from cdk8s import Chart
-from cdk8s_plus_33 import k8s
+from cdk8s_plus_35 import k8s
 from constructs import Construct
 
 from k8s import naming, pod

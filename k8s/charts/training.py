@@ -1,4 +1,5 @@
-"""One training run: its settings ConfigMap, headless Service, NetworkPolicy and Indexed Job.
+"""One training run: its settings ConfigMap, headless Service, NetworkPolicy and Indexed Job
+(or, with `workload: jobset`, a JobSet around that Job, which creates the Service itself).
 
 Every object is named `train-<run-id>`, so runs coexist and the wrapper can address one run.
 """
@@ -8,8 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from cdk8s import Chart
-from cdk8s_plus_33 import k8s
+from cdk8s import ApiObject, ApiObjectMetadata, Chart, JsonPatch
+from cdk8s_plus_35 import k8s
 from constructs import Construct
 
 from k8s import commands, naming, pod, restart_policy
@@ -56,9 +57,12 @@ class TrainingChart(Chart):
         self.run_labels = naming.run_labels(dep.run_id, dep.mode)
         self.selector = naming.run_selector(dep.run_id)
         self._config_map()
-        self._service()
         self._network_policy()
-        self._job()
+        if dep.workload == "jobset":
+            self._jobset()
+        else:
+            self._service()
+            self._job()
 
     def _meta(self) -> k8s.ObjectMeta:
         return meta(self.dep.job_name, self.run_labels, self.dep.namespace)
@@ -87,18 +91,34 @@ class TrainingChart(Chart):
         )
         k8s.KubeNetworkPolicy(self, "network-policy", metadata=self._meta(), spec=spec)
 
-    def _job(self) -> None:
-        dep, nodes = self.dep, self.dep.profile.node_count
-        spec = k8s.JobSpec(
+    def _job_spec(self, backoff_limit: int) -> k8s.JobSpec:
+        nodes = self.dep.profile.node_count
+        return k8s.JobSpec(
             completion_mode="Indexed",
             completions=nodes,
             parallelism=nodes,
-            backoff_limit=restart_policy.backoff_limit(dep),
+            backoff_limit=backoff_limit,
             pod_failure_policy=restart_policy.pod_failure_policy(),
             pod_replacement_policy="Failed",
             template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=self.run_labels), spec=self._pod_spec()),
         )
-        k8s.KubeJob(self, "job", metadata=self._meta(), spec=spec)
+
+    def _job(self) -> None:
+        k8s.KubeJob(self, "job", metadata=self._meta(), spec=self._job_spec(restart_policy.backoff_limit(self.dep)))
+
+    def _jobset(self) -> None:
+        """A JobSet of one Indexed Job (one pod per node). The Job tolerates no failure
+        (backoffLimit 0): the first failed pod fails it, and the JobSet's failure policy then
+        restarts every pod of the run at once, up to recovery.backoff_limit times."""
+        job = k8s.KubeJob.manifest(metadata=self._meta(), spec=self._job_spec(0))
+        jobset = ApiObject(
+            self,
+            "jobset",
+            api_version=restart_policy.JOBSET_API_VERSION,
+            kind="JobSet",
+            metadata=ApiObjectMetadata(name=self.dep.job_name, namespace=self.dep.namespace, labels=self.run_labels),
+        )
+        jobset.add_json_patch(JsonPatch.add("/spec", restart_policy.jobset_spec(self.dep, job["spec"], self.run_labels)))
 
     def _pod_spec(self) -> k8s.PodSpec:
         dep = self.dep

@@ -148,14 +148,41 @@ VARIANTS: dict[str, Callable[[], tuple[Profile, dict[str, Any]]]] = {
     "p5": lambda: (load_profile("p5"), {}),
     "p4de": lambda: (load_profile("p4de"), {}),
     "g5-dev": lambda: (load_profile("g5-dev"), {}),
-    # Capacity Block: no placement group (the validator forbids the combination).
+    # A Capacity Block inside the cluster placement group.
     "p5-capacity-block": lambda: (
         profile_from_dict(
             raw_profile("p5")
             | {
                 "name": "p5cb",
-                "placement_group": False,
+                "placement_group": True,
                 "capacity_reservation": {"id": "cr-0123456789abcdef0", "capacity_block": True},
+            }
+        ),
+        {},
+    ),
+    # The JobSet workload, with a public endpoint limited to one network.
+    "p4de-jobset": lambda: (
+        profile_from_dict(
+            raw_profile("p4de")
+            | {
+                "name": "p4dejs",
+                "workload": "jobset",
+                "cluster": dict(
+                    raw_profile("p4de")["cluster"],
+                    endpoint_access="public_and_private",
+                    public_access_cidrs=["203.0.113.0/24"],
+                ),
+            }
+        ),
+        {},
+    ),
+    # The GPU image pinned by AMI id instead of an SSM parameter.
+    "g5-ami-id": lambda: (
+        profile_from_dict(
+            raw_profile("g5-dev")
+            | {
+                "name": "g5ami",
+                "cluster": dict(raw_profile("g5-dev")["cluster"], gpu_ami="ami-0123456789abcdef0"),
             }
         ),
         {},

@@ -108,7 +108,7 @@ def test_cdk_cli_synth_works_offline_without_credentials(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     names = {p.name for p in out.glob("*.template.json")}
-    assert names == {f"nvrx-p4de-{s}.template.json" for s in ("network", "registry", "cluster")}
+    assert names == {f"nvrx-p4de-{s}.template.json" for s in ("network", "registry", "cluster", "gpu")}
     # cdk.json keeps the CLI quiet on the network: no notices, no telemetry.
     cdk_json = json.loads((root / "cdk.json").read_text())
     assert cdk_json["notices"] is False and cdk_json["context"]["cli-telemetry"] is False

@@ -29,9 +29,9 @@ def p5(**changes) -> dict:
 
 
 BAD_PROFILES = {
-    "eks-below-1.28": (
-        p5(cluster__eks_version="1.27"),
-        "eks_version '1.27' is not supported; use 1.28 or newer",
+    "eks-no-longer-created": (
+        p5(cluster__eks_version="1.30"),
+        "eks_version '1.30' is past extended support: EKS no longer creates such clusters",
     ),
     "az-not-in-region": (
         p5(availability_zone="us-west-2a"),
@@ -123,6 +123,18 @@ def test_az_the_account_does_not_have_stops_synthesis(capsys, tmp_path, cdk_cont
     )
 
 
+def test_second_az_the_account_does_not_have_stops_synthesis(capsys, tmp_path, cdk_context):
+    from infra.app import main
+
+    path = tmp_path / "d2.yaml"
+    path.write_text(yaml.safe_dump(p5(cluster__second_availability_zone="us-east-2d")))
+    assert main(cdk_context | {"profile": str(path)}, str(tmp_path / "cdk.out")) == 2
+    assert capsys.readouterr().err == (
+        "error: second availability zone us-east-2d does not exist in us-east-2 for this account "
+        "(it has us-east-2a, us-east-2b, us-east-2c)\n"
+    )
+
+
 def test_existing_vpc_without_a_private_subnet_in_the_gpu_az_stops_synthesis(
     capsys, tmp_path, cdk_context, vpc_lookup
 ):
@@ -143,18 +155,11 @@ def test_existing_vpc_without_a_private_subnet_in_the_gpu_az_stops_synthesis(
     "changes, message",
     [
         (
-            {
-                "cluster__endpoint_access": "public",
-                "cluster__public_access_cidrs": ["203.0.113.0/24"],
-            },
-            "endpoint_access 'public' with public_access_cidrs would lock out the kubectl handler",
-        ),
-        (
             {"storage__fsx_import_path": "my-bucket/data"},
             "fsx_import_path 'my-bucket/data' must be an s3://",
         ),
     ],
-    ids=["public-endpoint-with-cidrs", "import-path-not-s3"],
+    ids=["import-path-not-s3"],
 )
 def test_undeployable_settings_stop_synthesis(changes, message, capsys, tmp_path, cdk_context):
     from infra.app import main

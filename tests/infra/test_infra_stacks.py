@@ -32,7 +32,7 @@ CONTRACT_OUTPUTS = {
 def gpu_launch_template(s) -> dict[str, Any]:
     templates = [
         lt
-        for lt in s.resources("cluster", "AWS::EC2::LaunchTemplate").values()
+        for lt in s.resources("gpu", "AWS::EC2::LaunchTemplate").values()
         if "NetworkInterfaces" in lt["Properties"]["LaunchTemplateData"]
     ]
     assert len(templates) == 1
@@ -40,7 +40,7 @@ def gpu_launch_template(s) -> dict[str, Any]:
 
 
 def gpu_asg(s) -> dict[str, Any]:
-    return s.one("cluster", "AWS::AutoScaling::AutoScalingGroup")[1]["Properties"]
+    return s.one("gpu", "AWS::AutoScaling::AutoScalingGroup")[1]["Properties"]
 
 
 def resolve_subnet(s, ref: Any) -> dict[str, Any] | str:
@@ -202,17 +202,18 @@ def test_launch_template_network_interfaces_follow_the_layout(synth, variant):
 def test_efa_security_group_allows_all_traffic_within_itself_only(synth, variant):
     s = synth(variant)
     groups = gpu_launch_template(s)["NetworkInterfaces"][0]["Groups"]
+    # The cluster security group comes from the cluster stack (an import), the EFA group is local.
     efa_id = next(
-        g["Fn::GetAtt"][0] for g in groups if g["Fn::GetAtt"][0].startswith("GpuNodesEfa")
+        g["Fn::GetAtt"][0] for g in groups if "Fn::GetAtt" in g and g["Fn::GetAtt"][0].startswith("GpuNodesEfa")
     )
     ingress = [
         r["Properties"]
-        for r in s.resources("cluster", "AWS::EC2::SecurityGroupIngress").values()
+        for r in s.resources("gpu", "AWS::EC2::SecurityGroupIngress").values()
         if r["Properties"]["GroupId"] == {"Fn::GetAtt": [efa_id, "GroupId"]}
     ]
     egress = [
         r["Properties"]
-        for r in s.resources("cluster", "AWS::EC2::SecurityGroupEgress").values()
+        for r in s.resources("gpu", "AWS::EC2::SecurityGroupEgress").values()
         if r["Properties"]["GroupId"] == {"Fn::GetAtt": [efa_id, "GroupId"]}
     ]
     self_ref = {"Fn::GetAtt": [efa_id, "GroupId"]}
@@ -220,7 +221,7 @@ def test_efa_security_group_allows_all_traffic_within_itself_only(synth, variant
     assert ingress[0]["IpProtocol"] == "-1" and ingress[0]["SourceSecurityGroupId"] == self_ref
     assert len(egress) == 1
     assert egress[0]["IpProtocol"] == "-1" and egress[0]["DestinationSecurityGroupId"] == self_ref
-    inline = s.templates["cluster"]["Resources"][efa_id]["Properties"]
+    inline = s.templates["gpu"]["Resources"][efa_id]["Properties"]
     assert "SecurityGroupIngress" not in inline
     assert all(rule.get("CidrIp") != "0.0.0.0/0" for rule in inline.get("SecurityGroupEgress", []))
 
@@ -229,7 +230,7 @@ def test_efa_security_group_allows_all_traffic_within_itself_only(synth, variant
 def test_placement_group_present_when_configured(synth, variant):
     s = synth(variant)
     assert s.profile.placement_group
-    ((pg_id, pg),) = s.resources("cluster", "AWS::EC2::PlacementGroup").items()
+    ((pg_id, pg),) = s.resources("gpu", "AWS::EC2::PlacementGroup").items()
     assert pg["Properties"]["Strategy"] == "cluster"
     data = gpu_launch_template(s)
     assert data["Placement"] == {"GroupName": {"Fn::GetAtt": [pg_id, "GroupName"]}}
@@ -237,11 +238,11 @@ def test_placement_group_present_when_configured(synth, variant):
     assert "InstanceMarketOptions" not in data
 
 
-def test_capacity_block_variant_has_no_placement_group(synth):
+def test_capacity_block_launches_into_the_placement_group(synth):
     s = synth("p5-capacity-block")
-    assert not s.resources("cluster", "AWS::EC2::PlacementGroup")
+    ((pg_id, _),) = s.resources("gpu", "AWS::EC2::PlacementGroup").items()
     data = gpu_launch_template(s)
-    assert "Placement" not in data
+    assert data["Placement"] == {"GroupName": {"Fn::GetAtt": [pg_id, "GroupName"]}}
     assert data["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}
     }
@@ -253,13 +254,12 @@ def test_gpu_launch_template_basics(synth, variant):
     s = synth(variant)
     data = gpu_launch_template(s)
     assert data["InstanceType"] == s.profile.instance_type
-    # The AMI is the AL2023 NVIDIA SSM parameter, resolved by CloudFormation at deploy time.
-    param = s.templates["cluster"]["Parameters"][data["ImageId"]["Ref"]]
+    # The AMI is the profile's release-versioned SSM parameter, never `recommended`.
+    param = s.templates["gpu"]["Parameters"][data["ImageId"]["Ref"]]
     assert param["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
-    assert param["Default"] == (
-        f"/aws/service/eks/optimized-ami/{s.profile.cluster.eks_version}/amazon-linux-2023/"
-        "x86_64/nvidia/recommended/image_id"
-    )
+    assert param["Default"] == s.profile.cluster.gpu_ami
+    assert "/recommended/" not in param["Default"]
+    assert f"/optimized-ami/{s.profile.cluster.eks_version}/" in param["Default"]
     (root,) = data["BlockDeviceMappings"]
     assert root["Ebs"]["Encrypted"] is True and root["Ebs"]["VolumeType"] == "gp3"
     assert root["Ebs"]["VolumeSize"] == c.ROOT_VOLUME_GIB_WITH_NVME
@@ -288,6 +288,8 @@ def test_gpu_user_data_joins_labels_taints_raids_and_reserves_hugepages(synth, v
     assert "--node-labels=nvrx-eks/node-group=gpu" in spec["kubelet"]["flags"]
     assert "--register-with-taints=nvidia.com/gpu=true:NoSchedule" in spec["kubelet"]["flags"]
     assert spec["instance"]["localStorage"]["strategy"] == "RAID0"
+    # kubelet admits only as many pods as the VPC CNI has addresses for.
+    assert spec["kubelet"]["config"]["maxPods"] == s.profile.instance.max_pods
     assert f"vm.nr_hugepages={c.NR_HUGEPAGES_2MI}" in text
 
 
@@ -309,7 +311,7 @@ def test_gpu_asg_is_fixed_size_in_the_gpu_subnet(synth, variant):
 @pytest.mark.parametrize("variant", PROFILES)
 def test_gpu_node_role_is_least_privilege_with_ec2_linux_access_entry(synth, variant):
     s = synth(variant)
-    resources = s.templates["cluster"]["Resources"]
+    resources = s.templates["gpu"]["Resources"]
     role_id = next(
         k
         for k in resources
@@ -320,9 +322,9 @@ def test_gpu_node_role_is_least_privilege_with_ec2_linux_access_entry(synth, var
     assert policies == {"AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryPullOnly"}
     assert not any(
         p["Properties"].get("Roles") and {"Ref": role_id} in p["Properties"]["Roles"]
-        for p in s.resources("cluster", "AWS::IAM::Policy").values()
+        for p in s.all_resources("AWS::IAM::Policy").values()
     )
-    s.template("cluster").has_resource_properties(
+    s.template("gpu").has_resource_properties(
         "AWS::EKS::AccessEntry",
         {
             "Type": "EC2_LINUX",
@@ -512,7 +514,11 @@ def test_node_user_data_without_efa_or_instance_store():
     from infra.constructs.gpu_nodes import gpu_user_data, node_config
 
     config = node_config(
-        cluster_name="c", endpoint="https://e", certificate_authority="ca", local_storage=False
+        cluster_name="c",
+        endpoint="https://e",
+        certificate_authority="ca",
+        local_storage=False,
+        max_pods=58,
     )
     assert "instance" not in config["spec"]
     no_efa = INSTANCE_TYPES["g5.xlarge"]
@@ -529,5 +535,7 @@ def test_node_user_data_without_efa_or_instance_store():
 
 
 def test_hugepages_cover_every_training_pod_with_headroom():
-    pages_needed = c.HUGEPAGES_2MI_PER_POD_MIB // 2 * c.TRAINING_PODS_PER_NODE
+    from config import contract
+
+    pages_needed = contract.HUGEPAGES_2MI_PER_POD_MIB // 2 * contract.TRAINING_PODS_PER_NODE
     assert c.NR_HUGEPAGES_2MI >= 2 * pages_needed == 5120

@@ -143,7 +143,7 @@ def test_cli_writes_files(outputs_file, tmp_path: Path, capsys) -> None:
 def test_cli_missing_value_is_one_line_and_exit_2(tmp_path: Path, monkeypatch) -> None:
     """`python -m k8s synth` with no outputs file and no image: one line naming the key, exit 2."""
     monkeypatch.chdir(tmp_path)  # no ./cdk-outputs.json to fall back to
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
         [sys.executable, "-m", "k8s", "synth", "--profile", "p5", "--outdir", str(tmp_path / "dist")],
         capture_output=True, text=True, env=env, timeout=60,

@@ -36,7 +36,7 @@ def test_launcher_flags_per_mode(synthesis) -> None:
 def test_watchdog_environment_per_mode(synthesis) -> None:
     env = {name: e.get("value") for name, e in synthesis.env.items()}
     rec = synthesis.dep.profile.recovery
-    if "inprocess" in synthesis.dep.mode:
+    if synthesis.dep.recovery_mode.in_process:
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
         assert env["NCCL_NVLS_ENABLE"] == "0"
         assert env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0"

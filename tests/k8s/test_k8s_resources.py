@@ -7,7 +7,7 @@ import math
 import pytest
 
 from config import INSTANCE_TYPES, instance_spec
-from k8s.environment import network_env
+from k8s.environment import OFI_NCCL_NET, network_env
 from k8s.resources import gib_quantity, training_resources
 
 
@@ -33,7 +33,8 @@ def test_network_env_follows_efa_and_rdma(instance_type: str) -> None:
     env = network_env(spec)
     assert ("FI_PROVIDER" in env) == bool(spec.efa_interfaces)
     assert env.get("FI_EFA_USE_DEVICE_RDMA") == ("1" if spec.gpudirect_rdma else None)
-    assert ("NCCL_NET" in env) == (not spec.efa_interfaces)
+    # NCCL_NET always names the network, so a missing aws-ofi-nccl fails at start-up.
+    assert env["NCCL_NET"] == (OFI_NCCL_NET if spec.efa_interfaces else "Socket")
 
 
 def test_gib_quantities() -> None:

@@ -1,4 +1,4 @@
-"""Every synthesized manifest passes kubernetes-validate --strict, oldest supported and newest schema."""
+"""Every synthesized manifest passes kubernetes-validate --strict, oldest creatable, default and newest schema."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import latest_version
 
-VERSIONS = ("1.28.0", latest_version())
+from config.versions import DEFAULT_EKS_VERSION, EXTENDED_SUPPORT_ONLY
+
+# The oldest version EKS still creates, the default, and the newest bundled schema.
+VERSIONS = (f"{EXTENDED_SUPPORT_ONLY[0]}.0", f"{DEFAULT_EKS_VERSION}.0", latest_version())
 
 
 @pytest.mark.parametrize("version", VERSIONS)

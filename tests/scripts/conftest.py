@@ -26,6 +26,8 @@ if args[:2] == ["config", "view"]:
     print(os.environ.get("FAKE_KUBECONFIG", "{{}}"))
 elif "get" in args and "jobs" in args and "json" in args:
     print(os.environ.get("FAKE_JOBS", '{{"items": []}}'))
+elif "get" in args and "job" in args and any(a.startswith("jsonpath=") for a in args):
+    print(os.environ.get("FAKE_JOB_CONDITIONS", "Complete "), end="")
 elif "get" in args and "pods" in args and any(a.startswith("jsonpath=") for a in args):
     print(os.environ.get("FAKE_POD", ""), end="")
 elif "cp" in args and any(a.endswith("/events.jsonl") for a in args):

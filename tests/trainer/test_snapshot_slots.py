@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from trainer.events import EventLog
-from trainer.snapshot import Snapshotter, own_slots, required_bytes
+from config.contract import own_slots, snapshot_bytes
+from trainer.snapshot import Snapshotter
 
 
 def _snapshotter(tmp_path, durable: bool) -> Snapshotter:
@@ -40,5 +41,5 @@ def test_every_snapshot_leaves_the_previous_one_while_a_durable_write_reads_a_sl
 def test_memory_rule_counts_the_writer_slot_and_the_peer_slots():
     shard = 1000
     assert own_slots(peer=False, durable=False) == 2
-    assert required_bytes(shard, peer=False, durable=True) == 3 * shard
-    assert required_bytes(shard, peer=True, durable=True) == (4 + 2) * shard  # 4 own + 2 replicas
+    assert snapshot_bytes(shard, peer=False, durable=True) == 3 * shard
+    assert snapshot_bytes(shard, peer=True, durable=True) == (4 + 2) * shard  # 4 own + 2 replicas

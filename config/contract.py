@@ -1,0 +1,142 @@
+"""What infra, manifests and trainer must agree on, in one torch-free module.
+
+- Kubernetes conventions of the GPU node group: its label, its taint, the huge pages it
+  pre-allocates, the FSx claim and the stack output keys the manifests read.
+- The recovery modes: one enum, and for each mode the launcher it runs and the recovery layers
+  it uses. Code asks a mode what it does; it never tests its name for substrings.
+- The host-memory rule of the snapshot tiers (how many shard-sized slots one rank keeps).
+
+Only the standard library is imported here: the CDK app, `python -m k8s` and the trainer all
+import it, and an install without torch must still synthesize and submit.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# --- GPU node group ---------------------------------------------------------------------------
+NODE_GROUP_LABEL_KEY = "nvrx-eks/node-group"
+NODE_GROUP_GPU = "gpu"
+NODE_GROUP_SYSTEM = "system"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "true"
+GPU_TAINT_EFFECT = "NoSchedule"
+
+# Each training pod requests `hugepages-2Mi: 5120Mi` (libfabric's EFA provider and the NCCL OFI
+# plugin register bounce buffers from 2 MiB pages). One training pod runs per node; nodes reserve
+# room for two so that a replacement pod is admitted while the old one is still terminating.
+HUGEPAGES_2MI_PER_POD_MIB = 5120
+TRAINING_PODS_PER_NODE = 1
+HUGEPAGES_POD_HEADROOM = 2
+NR_HUGEPAGES_2MI = HUGEPAGES_2MI_PER_POD_MIB // 2 * TRAINING_PODS_PER_NODE * HUGEPAGES_POD_HEADROOM
+
+# Pods leave a node that stopped answering after this long, instead of Kubernetes' default 300 s:
+# a gang restart cannot begin before the lost node's pod is gone.
+NODE_LOSS_TOLERATION_S = 60
+
+# --- Storage and stack outputs ------------------------------------------------------------------
+FSX_PVC_NAME = "fsx-claim"
+OUTPUT_CLUSTER_NAME = "ClusterName"
+OUTPUT_KUBECONFIG_COMMAND = "KubeconfigCommand"
+OUTPUT_REGION = "Region"
+OUTPUT_NAMESPACE = "Namespace"
+OUTPUT_FSX_PVC_NAME = "FsxPvcName"
+OUTPUT_ECR_REPOSITORY_URI = "EcrRepositoryUri"
+OUTPUT_NODE_LOCAL_DIR = "NodeLocalDir"
+
+
+# --- Recovery modes -----------------------------------------------------------------------------
+class Launcher(enum.StrEnum):
+    TORCHRUN = "torchrun"
+    FT_LAUNCHER = "ft_launcher"
+
+
+@dataclass(frozen=True)
+class ModeTraits:
+    """What one recovery mode runs, and which recovery layers it relies on."""
+
+    launcher: Launcher
+    in_process: bool  # NVRx inprocess.Wrapper re-enters the training function
+    heartbeats: bool  # ranks heartbeat to ft_launcher's rank monitors
+    description: str
+
+
+class RecoveryMode(enum.StrEnum):
+    """The recovery modes. Every mode also relies on the job-level restart (the Kubernetes Job)
+    for what its inner layers cannot handle: a lost node or an exhausted restart budget."""
+
+    BASELINE = "baseline"
+    FT_LAUNCHER = "ft_launcher"
+    INPROCESS = "inprocess"
+    FT_LAUNCHER_INPROCESS = "ft_launcher+inprocess"
+
+    @property
+    def traits(self) -> ModeTraits:
+        return _TRAITS[self]
+
+    @property
+    def launcher(self) -> Launcher:
+        return self.traits.launcher
+
+    @property
+    def uses_ft_launcher(self) -> bool:
+        return self.traits.launcher is Launcher.FT_LAUNCHER
+
+    @property
+    def in_process(self) -> bool:
+        return self.traits.in_process
+
+    @property
+    def heartbeats(self) -> bool:
+        return self.traits.heartbeats
+
+    @property
+    def job_restart(self) -> bool:
+        """The job-level restart is the outermost layer of every mode."""
+        return True
+
+    @property
+    def slug(self) -> str:
+        """As a DNS-label fragment and label value: 'ft_launcher+inprocess' -> 'ft-launcher-inprocess'."""
+        return self.value.replace("_", "-").replace("+", "-")
+
+    @classmethod
+    def parse(cls, name: str) -> "RecoveryMode":
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(f"mode {name!r} is not one of {', '.join(MODE_NAMES)}") from None
+
+
+_TRAITS: dict[RecoveryMode, ModeTraits] = {
+    RecoveryMode.BASELINE: ModeTraits(
+        Launcher.TORCHRUN, False, False, "any fault ends the process; the Job restarts every pod"),
+    RecoveryMode.FT_LAUNCHER: ModeTraits(
+        Launcher.FT_LAUNCHER, False, True, "dead or silent ranks: the launcher restarts the workers"),
+    RecoveryMode.INPROCESS: ModeTraits(
+        Launcher.TORCHRUN, True, False, "exceptions and hangs re-enter the training function"),
+    RecoveryMode.FT_LAUNCHER_INPROCESS: ModeTraits(
+        Launcher.FT_LAUNCHER, True, True, "in-process first, the launcher for process deaths"),
+}
+MODE_NAMES: tuple[str, ...] = tuple(m.value for m in RecoveryMode)
+
+
+# --- Snapshot tiers: host memory ----------------------------------------------------------------
+SNAPSHOT_SLOTS = 2  # own snapshot slots: double buffering
+PEER_SLOTS = 2  # replica slots: the previous replica stays valid while the next arrives
+
+
+def own_slots(peer: bool, durable: bool) -> int:
+    """Two slots alternate. With a peer, one more keeps the snapshot last sent to it: survivors
+    must still hold the step their peers' replicas hold, or no step is complete after a node
+    loss. With durable checkpoints, one more is read by the background write, which can take
+    many steps: without it, one slot would be left and every snapshot would overwrite the
+    newest complete one."""
+    return SNAPSHOT_SLOTS + (1 if peer else 0) + (1 if durable else 0)
+
+
+def snapshot_bytes(shard_bytes: int, peer: bool, durable: bool) -> int:
+    """Host memory the tiers need per rank: own slots, plus replica slots with a peer. With the
+    tiers, durable checkpoints are written from a slot: no staging buffer besides."""
+    return shard_bytes * (own_slots(peer, durable) + (PEER_SLOTS if peer else 0))

@@ -1,0 +1,120 @@
+"""Wrapper input checks, the data-prep wait, stop, lost-node and plan.
+
+Bad input is one line on stderr and exit 2 before kubectl runs; real-mode commands run against
+the fake kubectl of conftest, whose argv log shows exactly what reached kubectl.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config import load_profile
+from scripts import plan as planning
+from scripts.nvrx_eks import main
+
+BAD_RUN_IDS = ("../x", "x --all", "x,nvrx-eks/run-id=y", "X", "-x", "a b")
+
+
+@pytest.mark.parametrize("command", ["stop", "status", "logs", "results"])
+@pytest.mark.parametrize("run_id", BAD_RUN_IDS)
+def test_run_ids_are_checked_before_kubectl(command, run_id, fake_kubectl, outputs: Path, capsys) -> None:
+    code = main([command, "--profile", "p5", "--outputs", str(outputs), f"--run-id={run_id}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("nvrx-eks: error: run id ") and err.count("\n") == 1
+    assert not [c for c in fake_kubectl.calls() if c[:2] != ["config", "view"]]
+
+
+def test_dry_run_writes_no_file(outputs: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for argv in (["submit", "--run-id", "r1"], ["prepare-data"], ["results", "--run-id", "r1"]):
+        assert main([*argv, "--profile", "p5", "--outputs", str(outputs), "--dry-run"]) == 0
+    assert list(work.iterdir()) == []
+
+
+def test_prepare_data_wait_stops_on_a_failed_job(fake_kubectl, outputs: Path, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FAKE_JOB_CONDITIONS", "FailureTarget Failed ")
+    code = main(["prepare-data", "--profile", "p5", "--outputs", str(outputs), "--wait", "--timeout", "1h"])
+    assert code == 2
+    assert "Job 'data-prep' failed" in capsys.readouterr().err
+
+
+def test_prepare_data_wait_returns_on_complete(fake_kubectl, outputs: Path, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FAKE_JOB_CONDITIONS", "SuccessCriteriaMet Complete ")
+    assert main(["prepare-data", "--profile", "p5", "--outputs", str(outputs), "--wait"]) == 0
+    assert fake_kubectl.calls()[-1][-3:] == ["data-prep", "--output",
+                                             'jsonpath={range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}']
+
+
+def test_bad_wait_timeout_is_refused(fake_kubectl, outputs: Path, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare-data", "--profile", "p5", "--outputs", str(outputs), "--wait", "--timeout", "soon"]) == 2
+    assert "--timeout 'soon'" in capsys.readouterr().err
+
+
+def test_stop_removes_the_runs_objects(fake_kubectl, outputs: Path) -> None:
+    assert main(["stop", "--profile", "p5", "--outputs", str(outputs), "--run-id", "r1"]) == 0
+    calls = [c for c in fake_kubectl.calls() if c[:2] != ["config", "view"]]
+    assert calls == [
+        ["--namespace", "nvrx", "delete", "job", "train-r1", "--cascade=foreground", "--wait=true",
+         "--ignore-not-found", "--timeout=15m"],
+        ["--namespace", "nvrx", "delete", "service,configmap,networkpolicy", "train-r1", "--ignore-not-found"],
+    ]
+
+
+def test_lost_node_force_deletes_only_our_pods_on_that_node(fake_kubectl, outputs: Path) -> None:
+    node = "ip-10-0-1-23.us-east-2.compute.internal"
+    assert main(["lost-node", "--profile", "p5", "--outputs", str(outputs), "--node", node]) == 0
+    assert fake_kubectl.calls()[-1] == [
+        "--namespace", "nvrx", "delete", "pods", "--selector", "app.kubernetes.io/part-of=nvrx-eks",
+        "--field-selector", f"spec.nodeName={node}", "--force", "--grace-period=0", "--ignore-not-found",
+    ]
+
+
+@pytest.mark.parametrize("node", ["x --all", "a,b", "../n", "Node1"])
+def test_lost_node_refuses_bad_names(node, fake_kubectl, outputs: Path, capsys) -> None:
+    assert main(["lost-node", "--profile", "p5", "--outputs", str(outputs), "--node", node]) == 2
+    assert "is not a Kubernetes node name" in capsys.readouterr().err
+
+
+def test_plan_arithmetic_by_hand() -> None:
+    """llama3.1-8b on 2 p5 (16 ranks), FSx 1200 GiB, checkpoint every 500 steps."""
+    profile = load_profile("p5")
+    plan = planning.make_plan(profile)
+    params = 8_030_261_248  # Llama 3.1 8B: 2 x 128256 x 4096 embeddings + 32 layers + final norm
+    assert plan.parameters == params
+    assert plan.checkpoint_bytes_total == params * 12
+    assert plan.checkpoint_bytes_per_rank == params * 12 // 16
+    assert plan.fsx_throughput_mb_s == pytest.approx(1200 / 1024 * 200)  # 234.4 MB/s
+    assert plan.write_seconds == pytest.approx(params * 12 / 234.375e6)  # about 411 s
+    assert plan.min_step_seconds() == pytest.approx(plan.write_seconds / 500)
+    # Tiers memory,node,peer on 2 nodes with durable checkpoints: 2 alternating own slots, one
+    # kept for the peer, one read by the durable writer, and 2 replica slots; no staging buffer.
+    assert plan.snapshot_bytes_per_rank == 6 * plan.checkpoint_bytes_per_rank
+    assert plan.host_bytes_per_node == 8 * 6 * plan.checkpoint_bytes_per_rank
+
+
+def test_plan_scales_with_nodes() -> None:
+    plan = planning.make_plan(load_profile("p5"), nodes=16)
+    assert plan.ranks == 128
+    assert plan.checkpoint_bytes_per_rank == -(-plan.parameters * 12 // 128)
+
+
+def test_plan_warns_when_the_durable_tier_cannot_keep_up(outputs: Path, capsys) -> None:
+    # 411 s per checkpoint against 500 steps of 0.5 s (250 s): the published system's case.
+    assert main(["plan", "--profile", "p5", "--step-seconds", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the durable tier cannot keep up: a checkpoint takes 411 s" in out
+    assert main(["plan", "--profile", "p5", "--step-seconds", "1"]) == 0
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_plan_refuses_bad_node_counts(capsys) -> None:
+    assert main(["plan", "--profile", "p5", "--nodes", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "nvrx-eks: error: --nodes 0 must be at least 1"
