@@ -22,7 +22,7 @@ from trainer.events import EventLog
 from trainer.staging import HostBuffer, Layout
 from trainer.state import local_tensors, restore, shard_layout
 from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
-                           step_dir_name, write_shard)
+                           StorageError, error_file, step_dir_name, write_shard)
 
 
 def _warm_up(_: object) -> None:
@@ -35,10 +35,11 @@ def default_node_dir() -> Path:
     return base / "nvrx-eks"
 
 
-def node_root(node_dir: Optional[str], checkpoint_dir: str) -> Path:
-    """This run's node-local directory: named after the checkpoint directory, so two runs on
-    one node never share buffers."""
-    key = hashlib.sha1(os.path.abspath(checkpoint_dir).encode()).hexdigest()[:12]
+def node_root(node_dir: Optional[str], checkpoint_dir: str, lineage: str) -> Path:
+    """This run's node-local directory: named after the checkpoint directory and the identity
+    stored in it (trainer.lease), so two runs on one node never share buffers, and a new
+    directory at an old path never finds the old one's snapshots."""
+    key = hashlib.sha1(f"{os.path.abspath(checkpoint_dir)}:{lineage}".encode()).hexdigest()[:12]
     return Path(node_dir or default_node_dir()) / key
 
 
@@ -59,7 +60,8 @@ class CheckpointManager:
         self._buffer: Optional[HostBuffer] = None
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._writer = None
-        self._in_flight: Optional[tuple[int, float]] = None  # (step, submitted at)
+        self._in_flight: Optional[tuple[int, float, str]] = None  # (step, submitted at, buffer)
+        self._landing: Optional[int] = None  # async: the step last written, until committed
         self._uncommitted: list[int] = []  # rank 0: steps waiting for every rank's marker
         self.last_saved_step = -1
         self.keepalive: Callable[[], None] = lambda: None
@@ -98,6 +100,8 @@ class CheckpointManager:
         """
         t0 = time.perf_counter()
         self.wait_for_writer()  # the staging buffer is free only once the last write is done
+        if self._landing is not None:
+            self._commit_landed()
         if source is None:
             tensors = local_tensors(model, optimizer)
             buf = self._staging_for(Layout.of(tensors))
@@ -113,7 +117,8 @@ class CheckpointManager:
         if self.use_async:
             self.start_writer()
             self._writer.submit(write_shard, req)
-            self._in_flight = (step, time.time())
+            self._in_flight = (step, time.time(), str(buf.path))
+            self._landing = step
             self._on_written = on_written
         else:
             marker = write_shard(req)
@@ -133,6 +138,19 @@ class CheckpointManager:
                          bytes=self.stats.bytes_per_rank, final=final)
         return blocked
 
+    def _commit_landed(self) -> None:
+        """Commit the last async checkpoint before any rank writes the next one: every rank has
+        waited for its own write, so all shards are on storage. A full disk can then cost the
+        next checkpoint, never the one before it."""
+        dist.barrier()
+        if self.rank == 0:
+            self._commit_ready()
+            if self._uncommitted:
+                raise CheckpointError(f"checkpoint step {self._uncommitted[0]}: every rank's write "
+                                      "finished, but not every marker checks out; not committed")
+        dist.barrier()
+        self._landing = None
+
     def _release_source(self) -> None:
         if self._on_written:
             self._on_written()
@@ -142,12 +160,15 @@ class CheckpointManager:
         """Fail loudly if the background writer died or overran its time."""
         if self._in_flight is None or self._writer is None:
             return
-        step, since = self._in_flight
+        step, since, buffer_path = self._in_flight
         code = self._writer.worker_exitcode()
         if code is not None:
             self._writer.close(abort=True)
             self._in_flight = None
             self._release_source()
+            cause = error_file(buffer_path)
+            if cause.is_file():  # the writer said why: the storage refused the write
+                raise StorageError(f"{cause.read_text().strip()}; earlier checkpoints are intact")
             raise CheckpointError(f"the background checkpoint writer of rank {self.rank} died "
                                   f"(exit code {code}) while writing step {step}; that "
                                   "checkpoint is not committed")
@@ -163,7 +184,7 @@ class CheckpointManager:
         """Once per step: retire finished writes, watch the writer, commit what is complete."""
         if self._in_flight is not None and self._writer is not None:
             if self._writer.poll():
-                step, since = self._in_flight
+                step, since, _ = self._in_flight
                 self.stats.write_seconds.append(time.time() - since)
                 self._in_flight = None
                 self._release_source()
@@ -197,6 +218,8 @@ class CheckpointManager:
         buffer is pinned) and is committed by the usual polling; a dead writer is dropped."""
         try:
             self._check_writer()
+        except StorageError:
+            raise
         except CheckpointError as exc:
             self.log(f"rank {self.rank}: {exc}")
 
@@ -205,12 +228,15 @@ class CheckpointManager:
         what is complete, and the rest is abandoned (it belongs to a dead timeline)."""
         try:
             self.wait_for_writer()
+        except StorageError:
+            raise
         except CheckpointError as exc:
             self.log(f"rank {self.rank}: {exc}")
         dist.barrier()
         if self.rank == 0:
             self._commit_ready()
             self._uncommitted.clear()
+        self._landing = None
 
     def finish(self) -> None:
         """Drain writes and, on rank 0, commit everything still pending (bounded by the timeout).
@@ -264,6 +290,8 @@ class CheckpointManager:
         dist.barrier()
         candidates = self.store.candidates()
         if not candidates:
+            if self.rank == 0:
+                self.store.discard_after(-1)  # partial ones of a run that never committed
             if required:
                 raise CheckpointError(f"no complete checkpoint in {self.store.root} "
                                       "(--resume required)")
@@ -285,7 +313,7 @@ class CheckpointManager:
                 self.events.emit("ckpt_load", step=step, tier="durable", bytes=nbytes,
                                  seconds=time.time() - t0, saved_world_size=manifest["world_size"])
                 if self.rank == 0:
-                    self.store.discard_uncommitted_after(step)
+                    self.store.discard_after(step)
                 return meta
             if err:
                 self.log(f"rank {self.rank}: skipping checkpoint {path}: {err}")

@@ -8,7 +8,8 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from trainer.config import ConfigError, TrainConfig, parse_args
+from trainer.config import ConfigError, FinalError, TrainConfig, parse_args
+from trainer.launch import record_final_error
 
 
 def events_path(cfg: TrainConfig) -> Optional[Path]:
@@ -72,8 +73,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             summary = run(cfg, env, events, hooks)
         failed = False
     except ConfigError as exc:  # a setting that only fails once the model is known
-        events.emit("error", type="ConfigError", message=str(exc), sync=True)
+        events.emit("error", type="ConfigError", message=str(exc), fatal=True, sync=True)
+        record_final_error(f"rank {env.rank}: {exc}")
         print(f"python -m trainer: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except FinalError as exc:  # no restart can fix it: one line, exit 2
+        events.emit("error", type=type(exc).__name__, message=str(exc)[:500], fatal=True, sync=True)
+        record_final_error(f"rank {env.rank}: {exc}")
+        print(f"rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
         return 2
     except Exception as exc:  # one clear line per rank; the traceback goes to stderr below it
         events.emit("error", type=type(exc).__name__, message=str(exc)[:500], sync=True)
@@ -88,7 +95,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         sync=True)
         print(f"rank {env.rank}: error: in-process restart gave up: {exc}", file=sys.stderr,
               flush=True)
-        return 2 if isinstance(exc.__cause__, ConfigError) else 1
+        if isinstance(exc.__cause__, (ConfigError, FinalError)):
+            record_final_error(f"rank {env.rank}: {exc.__cause__}")
+            return 2
+        return 1
     finally:
         StateKeeper.release(hooks.keep, failed)
         if dist.is_initialized():

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
 from config.contract import MODE_NAMES as MODES  # one table of recovery modes
@@ -24,6 +27,11 @@ DEVICES = ("auto", "cpu", "cuda")
 
 class ConfigError(ValueError):
     """A bad flag value; the message names the value and what is allowed."""
+
+
+class FinalError(RuntimeError):
+    """An error that no restart can fix (a full disk, a diverged loss): the job ends with exit
+    code 2, which the local runner and the Job's pod failure policy never retry."""
 
 
 @dataclass
@@ -253,16 +261,53 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(not cfg.tiers or cfg.checkpoint_dir is not None, "--tiers needs --checkpoint_dir")
     need(cfg.fault_count == 0 or cfg.checkpoint_dir is not None,
          "fault injection needs --checkpoint_dir (the fault record is kept there)")
-    if cfg.resume == "required":
-        from trainer.store import CheckpointStore
-
-        need(CheckpointStore(cfg.checkpoint_dir).latest_step() is not None,
-             f"--resume required, but {cfg.checkpoint_dir} holds no complete checkpoint")
+    for name in ("seed", "fault_seed"):
+        v = getattr(cfg, name)
+        need(0 <= v < 2**32, f"--{name} {v} must be between 0 and {2**32 - 1}")
+    for name in ("lr", "grad_clip", "soft_timeout", "hard_timeout", "barrier_timeout",
+                 "completion_timeout", "nccl_timeout", "checkpoint_timeout", "startup_timeout",
+                 "memory_budget_gib"):
+        v = getattr(cfg, name)
+        need(math.isfinite(v), f"--{name} {v} must be a finite number")
+    need(cfg.grad_clip >= 0, f"--grad_clip {cfg.grad_clip} must be 0 (off) or positive")
     from trainer.model import PRESETS, is_model_reference  # light import: no torch
 
     need(is_model_reference(cfg.model),
          f"--model {cfg.model!r} is neither a preset ({', '.join(PRESETS)}), "
          "an existing directory, nor a hub id (org/name)")
+    return cfg
+
+
+def check_environment(cfg: TrainConfig) -> TrainConfig:
+    """What only the machine that trains can check, before anything starts: the data, the
+    checkpoint directory and what it already holds. (`validate` alone runs at synth time.)"""
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ConfigError(msg)
+
+    if cfg.data_path is not None:
+        data = Path(cfg.data_path)
+        need(data.is_dir(), f"--data_path {cfg.data_path!r} is not a directory; build one with "
+                            "`python -m trainer.data prepare`")
+        for name in ("meta.json", "tokens.bin"):
+            need((data / name).is_file(), f"--data_path {cfg.data_path!r} has no {name}; build it "
+                                          "with `python -m trainer.data prepare`")
+    if cfg.checkpoint_dir is not None:
+        ckpt = Path(cfg.checkpoint_dir)
+        existing = next((p for p in [ckpt, *ckpt.parents] if p.exists()), None)
+        need(existing is None or existing.is_dir(),
+             f"--checkpoint_dir {cfg.checkpoint_dir!r}: {existing} is not a directory")
+        need(existing is None or os.access(existing, os.W_OK | os.X_OK),
+             f"--checkpoint_dir {cfg.checkpoint_dir!r}: {existing} is not writable")
+        from trainer.store import CheckpointStore
+
+        latest = CheckpointStore(cfg.checkpoint_dir).latest_step()
+        need(cfg.resume != "required" or latest is not None,
+             f"--resume required, but {cfg.checkpoint_dir} holds no complete checkpoint")
+        need(cfg.resume != "never" or latest is None,
+             f"--resume never, but {cfg.checkpoint_dir} already holds checkpoints (step "
+             f"{latest}); use a new --checkpoint_dir")
     return cfg
 
 
@@ -272,6 +317,6 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "python -m trai
     ns = parser.parse_args(argv)
     cfg = TrainConfig(**vars(ns))
     try:
-        return validate(cfg)
+        return check_environment(validate(cfg))
     except ConfigError as exc:
         parser.error(str(exc))

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import ConfigError, FinalError, TrainConfig
 from trainer.events import EventLog
 from trainer.launch import INPROCESS_PORT_ENV
 from trainer.nvrx_compat import NVRX_VERSION
@@ -83,7 +83,7 @@ class Attempts:
     one that also trained none. One clear error then, instead of a restart storm up to the
     iteration limit."""
 
-    FATAL = (ConfigError, PhaseTimeout)
+    FATAL = (ConfigError, FinalError, PhaseTimeout)
 
     def __init__(self) -> None:
         self.last: Optional[str] = None  # cause of the previous failed attempt, if it trained nothing

@@ -15,15 +15,22 @@ the infrastructure's rank), so ranks keep their order at any node count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 from config.contract import RecoveryMode
 from trainer.config import MODES
 
 INPROCESS_PORT_ENV = "NVRX_EKS_INPROCESS_PORT"
+FINAL_ERROR_ENV = "NVRX_EKS_FINAL_ERROR_FILE"
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,47 @@ def check(spec: LaunchSpec, cfg) -> None:
         sys.exit(2)
 
 
+def supervise(cmd: list[str], env: dict) -> int:
+    """Run the launcher; end it as soon as a rank records an error that no restart can fix.
+
+    torchrun and ft_launcher turn any worker failure into their own exit code 1 (ft_launcher
+    first restarts the workers, which would fail the same way). A rank that meets such an error
+    writes it to FINAL_ERROR_ENV's file; this process then stops the launcher and exits 2,
+    which the local runner and the Job's pod failure policy never retry.
+    """
+    final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
+    proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)})
+
+    def forward(signum, frame) -> None:  # the pod's SIGTERM (to PID 1) reaches the launcher
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while proc.poll() is None and not final.exists():
+        time.sleep(0.2)
+    if final.exists():
+        if proc.poll() is None:
+            forward(signal.SIGTERM, None)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                forward(signal.SIGKILL, None)
+                proc.wait()
+        print(f"python -m trainer.launch: error: {final.read_text().strip()}", file=sys.stderr,
+              flush=True)
+        return 2
+    return proc.returncode
+
+
+def record_final_error(message: str) -> None:
+    """Called by a rank: hand an error no restart can fix to `supervise` (first one wins)."""
+    path = os.environ.get(FINAL_ERROR_ENV)
+    if path and not os.path.exists(path):
+        with contextlib.suppress(OSError):
+            Path(path).write_text(message)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     spec, trainer_args = parse(sys.argv[1:] if argv is None else argv)
     from trainer.config import parse_args
@@ -151,8 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check(spec, parse_args([*trainer_args, "--mode", spec.mode]))  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     print("launch:", " ".join(cmd), flush=True)
-    os.execvpe(cmd[0], cmd, launch_env(spec))
-    return 0  # not reached
+    return supervise(cmd, launch_env(spec))
 
 
 if __name__ == "__main__":

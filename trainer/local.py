@@ -18,12 +18,15 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
 from trainer.config import MODES
 from trainer.events import EventLog
-from trainer.launch import LaunchSpec, build_command, check, default_heartbeat_timeout, launch_env
+from trainer.lease import RUN_ID_ENV
+from trainer.launch import (FINAL_ERROR_ENV, LaunchSpec, build_command, check,
+                            default_heartbeat_timeout, launch_env)
 
 
 def free_port_block(count: int = 4) -> int:
@@ -93,7 +96,8 @@ def _trainer_args(args: argparse.Namespace, rest: list[str], run_dir: Path) -> l
     return out
 
 
-def _start(args, trainer_args: list[str], run_dir: Path, port: int, attempt: int) -> list[subprocess.Popen]:
+def _start(args, trainer_args: list[str], run_dir: Path, port: int, attempt: int,
+           final: Path) -> list[subprocess.Popen]:
     procs = []
     for node in range(args.nnodes):
         node_args = list(trainer_args)
@@ -103,7 +107,8 @@ def _start(args, trainer_args: list[str], run_dir: Path, port: int, attempt: int
                           args.max_restarts, args.heartbeat_timeout, args.initial_heartbeat_timeout,
                           args.monitor_interval, rdzv_id=f"local-{port}-{attempt}")
         log = open(run_dir / f"node{node}.log", "ab")
-        procs.append(subprocess.Popen(build_command(spec, node_args), env=launch_env(spec),
+        env = {**launch_env(spec), FINAL_ERROR_ENV: str(final)}
+        procs.append(subprocess.Popen(build_command(spec, node_args), env=env,
                                       stdout=None if node == 0 else log, stderr=subprocess.STDOUT
                                       if node else None, start_new_session=True))
     return procs
@@ -125,14 +130,22 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
     """Run the job; restart all of it after a failure, as a Kubernetes Job would."""
     events = EventLog(Path(_flag(trainer_args, "--results_path")).parent / "events.jsonl", rank=-1)
+    os.environ.setdefault(RUN_ID_ENV, f"local-{uuid.uuid4().hex[:12]}")  # one run, all restarts
     started = time.time()
     backoff = args.backoff_seconds
     for attempt in range(args.job_restarts + 1):
         port = free_port_block()
-        procs = _start(args, trainer_args, run_dir, port, attempt)
+        final = run_dir / f".final-error.{attempt}"
+        final.unlink(missing_ok=True)
+        procs = _start(args, trainer_args, run_dir, port, attempt, final)
         failed = None
         try:
             while True:
+                if final.exists():  # a rank met an error no restart can fix (trainer.launch)
+                    _stop(procs)
+                    print(f"trainer.local: error: mode {args.mode} stopped: "
+                          f"{final.read_text().strip()}", file=sys.stderr)
+                    return 2
                 codes = [p.poll() for p in procs]
                 failed = next((p for p, c in zip(procs, codes) if c not in (None, 0)), None)
                 if failed is not None or all(c == 0 for c in codes):
@@ -151,6 +164,10 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
             return 0
         events.emit("worker_failed", sync=True, attempt=attempt, exit_code=failed.returncode)
         _stop(procs)
+        if final.exists():
+            print(f"trainer.local: error: mode {args.mode} stopped: {final.read_text().strip()}",
+                  file=sys.stderr)
+            return 2
         if failed.returncode == 2:  # a setting no restart can fix
             print(f"trainer.local: error: mode {args.mode} stopped: {_cause(events.path)}",
                   file=sys.stderr)

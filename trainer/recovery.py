@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from trainer.checkpoint import CheckpointManager, node_root
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.events import EventLog
 from trainer.faults import at_point
+from trainer.lease import Lease, lineage_id
 from trainer.parallel import DistEnv
 from trainer.phases import run_phase
 from trainer.snapshot import Snapshotter
@@ -36,7 +37,15 @@ class StateKeeper:
         self.ckpt: Optional[CheckpointManager] = keep.get("ckpt")
         self.snap: Optional[Snapshotter] = keep.get("snap")
         self.fresh = self.snap is None  # no snapshotter survived: this is a new process
-        self.node_root = node_root(cfg.node_dir, cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        if cfg.checkpoint_dir and not keep.get("leased"):  # before any rank touches the node
+            if env.rank == 0:
+                keep["lease"] = Lease(cfg.checkpoint_dir, warn=log)
+                keep["lease"].acquire()
+            dist.barrier()
+            keep["leased"] = True
+        self.lease: Optional[Lease] = keep.get("lease")
+        self.node_root = node_root(cfg.node_dir, cfg.checkpoint_dir, lineage_id(cfg.checkpoint_dir)) \
+            if cfg.checkpoint_dir else None
         if self.ckpt is not None:
             self.ckpt.settle()  # an earlier attempt's write goes on; a dead writer is dropped
             self.ckpt.rank, self.ckpt.world_size = env.rank, env.world_size
@@ -80,7 +89,7 @@ class StateKeeper:
         """Resume from the newest state every rank can obtain: snapshot tiers, then durable."""
         if self.ckpt is None or self.cfg.resume == "never":
             if self.ckpt is not None and self.ckpt.store.latest_step() is not None:
-                raise ValueError(f"--resume never, but {self.cfg.checkpoint_dir} already holds "
+                raise ConfigError(f"--resume never, but {self.cfg.checkpoint_dir} already holds "
                                  "checkpoints; use a new --checkpoint_dir")
             return None
         meta = self._restore_snapshot(model, optimizer)
@@ -125,6 +134,8 @@ class StateKeeper:
             and step < cfg.max_steps
         if self.ckpt is not None:
             self.ckpt.poll()
+        if self.lease is not None:
+            self.lease.renew()
         slot = None
         if self.snap is not None:
             self.snap.poll()
@@ -169,6 +180,8 @@ class StateKeeper:
             keep["snap"].close(remove=not failed)
         if keep.get("pid_file") is not None and not failed:
             keep["pid_file"].unlink(missing_ok=True)
+        if keep.get("lease") is not None and not failed:
+            keep["lease"].release()
 
     def stats(self) -> dict:
         out = {}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from trainer.atomic import fsync_dir, write_json_atomic
+from trainer.config import FinalError
 
 STEP_DIR = re.compile(r"step_(\d{8})")
 MANIFEST = "MANIFEST.json"
@@ -37,6 +38,22 @@ SLOW_WRITE_ENV = "NVRX_EKS_SLOW_WRITE_S"
 
 class CheckpointError(RuntimeError):
     """A checkpoint problem that must stop training instead of silently losing work."""
+
+
+class StorageError(CheckpointError, FinalError):
+    """The checkpoint storage refused a write: full, read-only, not a directory. No restart
+    fixes that, so training stops with the cause and the path; earlier checkpoints stay."""
+
+    @staticmethod
+    def of(exc: OSError, what: str, path: "str | Path | None" = None) -> "StorageError":
+        where = exc.filename or path
+        return StorageError(f"{what} failed: {exc.strerror or exc}" + (f": {where}" if where else ""))
+
+
+def error_file(buffer_path: str | Path) -> Path:
+    """Where a background writer leaves the cause of its failure: beside its host buffer (the
+    checkpoint storage itself may be the thing that is full)."""
+    return Path(f"{buffer_path}.error")
 
 
 def step_dir_name(step: int) -> str:
@@ -167,14 +184,40 @@ def write_shard(req: ShardWrite) -> dict:
 
     Runs in NVRx's persistent checkpoint worker (async) or inline (sync).
     """
+    _die_with_parent()
+    error_file(req.buffer_path).unlink(missing_ok=True)
+    try:
+        return _write_shard(req)
+    except Exception as exc:
+        cause = _os_error(exc)
+        if cause is None:
+            raise
+        err = StorageError.of(cause, f"writing rank {req.rank}'s shard of step {req.step}",
+                              Path(req.out_dir) / shard_name(req.rank))
+        error_file(req.buffer_path).write_text(str(err))  # read by the trainer (async)
+        raise err from exc
+
+
+def _os_error(exc: BaseException) -> Optional[OSError]:
+    """The storage error behind `exc`: torch.save reports a failed write as a RuntimeError
+    whose context is the OSError."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _write_shard(req: ShardWrite) -> dict:
     import torch
 
     from trainer.staging import Layout, map_file
 
-    _die_with_parent()
     t0 = time.time()
     out = Path(req.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / marker_name(req.rank)).unlink(missing_ok=True)  # a stale one must never be committed
     layout = Layout.from_json(req.layout)
     flat = map_file(Path(req.buffer_path), layout.total_bytes, writable=False)
     # One flat byte tensor: torch.save refuses differently typed views of one storage, and the
@@ -182,13 +225,17 @@ def write_shard(req: ShardWrite) -> dict:
     payload = {"flat": flat, "meta": req.meta, "layout": req.layout}
     final = out / shard_name(req.rank)
     tmp = out / f".{final.name}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        hw = _HashingWriter(f)
-        torch.save(payload, hw)
-        if SLOW_WRITE_ENV in os.environ:  # fault-injection knob: a wider window for crash tests
-            time.sleep(float(os.environ[SLOW_WRITE_ENV]))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            hw = _HashingWriter(f)
+            torch.save(payload, hw)
+            if SLOW_WRITE_ENV in os.environ:  # fault-injection knob: a wider window for crash tests
+                time.sleep(float(os.environ[SLOW_WRITE_ENV]))
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, final)
     fsync_dir(out)
     marker = {"step": req.step, "rank": req.rank, "world_size": req.world_size,
@@ -282,8 +329,11 @@ class CheckpointStore:
         manifest = {"step": step, "world_size": len(markers), "committed_at": time.time(),
                     "shards": [{k: m[k] for k in ("rank", "file", "bytes", "sha256")}
                                for m in markers], **extra}
-        write_json_atomic(path / MANIFEST, manifest)
-        write_json_atomic(self.root / LATEST, {"step": step, "dir": path.name})
+        try:
+            write_json_atomic(path / MANIFEST, manifest)
+            write_json_atomic(self.root / LATEST, {"step": step, "dir": path.name})
+        except OSError as exc:
+            raise StorageError.of(exc, f"committing checkpoint step {step}", path / MANIFEST) from exc
         self.prune()
         return path
 
@@ -318,10 +368,18 @@ class CheckpointStore:
             if (done and step < keep_from) or (not done and step < newest):
                 shutil.rmtree(path, ignore_errors=True)
 
-    def discard_uncommitted_after(self, step: int) -> None:
-        """Remove partial checkpoints newer than the resume point: they belong to a dead timeline."""
+    def discard_after(self, step: int) -> None:
+        """Set aside everything newer than the resume point: it belongs to a dead timeline, and
+        its markers must never be committed with the shards that replace it. Partial checkpoints
+        go; committed ones that no rank could load are renamed `<dir>.skipped` for inspection."""
         for s, path in self.step_dirs():
-            if s > step and not (path / MANIFEST).is_file():
+            if s <= step:
+                continue
+            if (path / MANIFEST).is_file():
+                aside = path.with_name(path.name + ".skipped")
+                shutil.rmtree(aside, ignore_errors=True)
+                path.rename(aside)
+            else:
                 shutil.rmtree(path, ignore_errors=True)
 
     # -- load --------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
-from trainer.config import TrainConfig
+from trainer.config import FinalError, TrainConfig
 from trainer.determinism import make_deterministic
 from trainer.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.events import EventLog
@@ -113,20 +114,37 @@ class Rank0Log:
             print(msg, flush=True)
 
 
+class NonFiniteError(FinalError):
+    """A non-finite loss or gradient norm: the state it produced is never checkpointed."""
+
+
 def train_step(model, optimizer, tokens: torch.Tensor, lr: float, grad_clip: float,
-               before_optimizer: Callable[[], None] = lambda: None) -> torch.Tensor:
+               before_optimizer: Callable[[], None] = lambda: None
+               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One optimizer step; returns the loss and, with clipping, the total gradient norm."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     logits = model(input_ids=inputs).logits
     loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
     loss.backward()
+    norm = None
     if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
     before_optimizer()  # snapshot copies of the previous step must finish reading the state
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+    return loss.detach(), norm
+
+
+def check_finite(step: int, loss: float, grad_norm: Optional[float]) -> None:
+    """Stop before a diverged state reaches a snapshot or a checkpoint."""
+    for name, value in (("loss", loss), ("gradient norm", grad_norm)):
+        if value is not None and not math.isfinite(value):
+            raise NonFiniteError(f"the {name} is {value} at step {step}; training stops before "
+                                 "this state is saved (lower --lr, or check the data)")
 
 
 def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log):
@@ -196,9 +214,12 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     def one_step() -> tuple[list[int], torch.Tensor, float]:
         indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
         batch = torch.from_numpy(np.stack([data.sample(i) for i in indices])).to(env.device)
-        out = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip, keeper.fence)
+        out, norm = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip,
+                               keeper.fence)
         wait_for_device(env.device)
-        return indices, out, float(out.item())  # the device is done: honest step times
+        value = float(out.item())  # the device is done: honest step times
+        check_finite(step + 1, value, None if norm is None else float(norm))
+        return indices, out, value
 
     window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
     loss = torch.tensor(last_loss, device=env.device)

@@ -4,7 +4,7 @@ import pytest
 
 from tests.trainer.conftest import (INTERVAL, STEPS, events, first, kill_group, ok, results,
                                     run_local, samples_by_step, start_local, wait_for)
-from trainer.store import MANIFEST, shard_name, step_dir_name
+from trainer.store import MANIFEST, CheckpointStore, file_sha256, shard_name, step_dir_name
 
 
 def _committed(run_dir, step):
@@ -74,6 +74,19 @@ def test_damaged_newest_checkpoints_are_skipped_by_name(cache_dir, reference, tm
     loads = [e for e in events(run_dir) if e["event"] == "ckpt_load"]
     assert {e["step"] for e in loads} == {STEPS - 2 * INTERVAL}  # the newest intact one
     assert results(run_dir)["param_sha256"] == ref["param_sha256"]
+    # The steps written again are exactly what their manifests say (no stale marker committed),
+    # and the damaged ones were set aside, never mixed with the new shards.
+    store = CheckpointStore(ckpts)
+    assert [s for s, _ in store.committed()][-2:] == [STEPS - INTERVAL, STEPS]
+    for step, path in store.committed():
+        manifest = store.read_manifest(path)
+        for shard in manifest["shards"]:
+            assert file_sha256(path / shard["file"]) == shard["sha256"], f"{path}: {shard}"
+    assert (ckpts / (step_dir_name(STEPS) + ".skipped")).is_dir()
+    # And a restart from them resumes at the end, with nothing skipped.
+    again = run_local(cache_dir, "baseline", run_dir, *args, "--resume", "required")
+    ok(again)
+    assert "skipping checkpoint" not in again.stdout + again.stderr
 
 
 def test_resume_at_another_world_size_restores_parameters_exactly(cache_dir, tmp_path):

@@ -50,8 +50,19 @@ def test_retention_keeps_newest_and_drops_abandoned_partials(tmp_path):
     _write(tmp_path, 20, 0, 2, 0.0)  # in flight, newer than the newest commit: kept
     store.prune()
     assert [s for s, _ in store.step_dirs()] == [10, 15, 20]
-    store.discard_uncommitted_after(15)
+    store.discard_after(15)
     assert [s for s, _ in store.step_dirs()] == [10, 15]
+
+
+def test_resuming_before_a_damaged_checkpoint_sets_it_aside(tmp_path):
+    store = CheckpointStore(tmp_path, keep=3)
+    _commit(store, 5)
+    _commit(store, 10)
+    _write(tmp_path, 15, 0, 2, 0.0)  # partial
+    store.discard_after(5)  # step 10 could not be loaded by every rank
+    assert [s for s, _ in store.step_dirs()] == [5]
+    assert (tmp_path / (step_dir_name(10) + ".skipped") / MANIFEST).is_file()
+    assert store.ready_markers(10, 2) is None  # its markers can no longer be committed
 
 
 def test_truncated_shard_and_bad_manifest_are_skipped_with_a_warning(tmp_path):

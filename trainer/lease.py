@@ -1,0 +1,133 @@
+"""Who owns a checkpoint directory: its lineage's identity, and the lease of the run using it.
+
+- `RUN.json` is created with the directory's first checkpoint run and never changes: the
+  identity of the training lineage stored there. Host snapshots, staging buffers and everything
+  else on a node are keyed by it, so a deleted or different directory never picks up another
+  run's state, even at the same path.
+- `LEASE.json` names the run that trains into the directory now: its launch id (NVRX_RUN_ID:
+  the Kubernetes run id, or one per `trainer.local` invocation), host and pids, renewed while it
+  trains. Restarts of the same run take it over silently; a second run is refused while the
+  holder lives; the lease of a dead run is taken over with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Optional
+
+from trainer.atomic import write_json_atomic
+from trainer.config import FinalError
+
+RUN_FILE = "RUN.json"
+LEASE_FILE = "LEASE.json"
+RUN_ID_ENV = "NVRX_RUN_ID"
+LEASE_TTL_S = 120.0  # a holder on another host that renewed within this is alive
+RENEW_EVERY_S = 30.0
+
+
+class LeaseError(FinalError):
+    """The checkpoint directory is in use by another live run."""
+
+
+def _read(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def lineage_id(checkpoint_dir: str | Path) -> str:
+    """The directory's identity, created by whichever rank gets there first."""
+    path = Path(checkpoint_dir) / RUN_FILE
+    for _ in range(100):
+        found = _read(path)
+        if found is not None:
+            return found["lineage"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{RUN_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"lineage": uuid.uuid4().hex, "created_at": time.time()}))
+        try:
+            os.link(tmp, path)  # atomic and complete: fails if another rank created it first
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise RuntimeError(f"{path} exists but cannot be read")
+
+
+def launch_id() -> str:
+    """This run's id: the same for every rank and every restart of one launch."""
+    given = os.environ.get(RUN_ID_ENV)
+    if given:
+        return given
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return elastic if elastic and elastic != "none" else f"pid{os.getppid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Lease:
+    """Rank 0's hold on the checkpoint directory."""
+
+    def __init__(self, checkpoint_dir: str | Path, warn: Callable[[str], None] = print):
+        self.path = Path(checkpoint_dir) / LEASE_FILE
+        self.warn = warn
+        self.run = launch_id()
+        self._renewed = 0.0
+
+    def _mine(self) -> dict:
+        return {"run": self.run, "host": socket.gethostname(), "pids": [os.getpid(), os.getppid()],
+                "renewed_at": time.time()}
+
+    def holder_alive(self, holder: dict) -> bool:
+        if holder.get("host") == socket.gethostname():
+            return any(_alive(int(p)) for p in holder.get("pids", []))
+        return time.time() - float(holder.get("renewed_at", 0)) < LEASE_TTL_S
+
+    def acquire(self) -> None:
+        """Take the lease, or raise LeaseError naming the live holder."""
+        holder = _read(self.path)
+        if holder is not None and holder.get("run") != self.run:
+            if self.holder_alive(holder):
+                raise LeaseError(
+                    f"--checkpoint_dir {self.path.parent} is in use by run {holder.get('run')} "
+                    f"(host {holder.get('host')}, pids {holder.get('pids')}); stop it or use "
+                    "another directory")
+            self.warn(f"taking over the lease of run {holder.get('run')} on {self.path.parent}: "
+                      f"it is no longer alive (host {holder.get('host')}, pids {holder.get('pids')})")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if holder is None:  # two runs starting at once: exactly one creates the file
+            tmp = self.path.with_name(f".{LEASE_FILE}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self._mine()))
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                return self.acquire()
+            finally:
+                tmp.unlink(missing_ok=True)
+        else:
+            write_json_atomic(self.path, self._mine())
+        self._renewed = time.monotonic()
+
+    def renew(self) -> None:
+        if time.monotonic() - self._renewed >= RENEW_EVERY_S:
+            write_json_atomic(self.path, self._mine())
+            self._renewed = time.monotonic()
+
+    def release(self) -> None:
+        holder = _read(self.path)
+        if holder is not None and holder.get("run") == self.run:
+            self.path.unlink(missing_ok=True)
