@@ -148,7 +148,10 @@ def check_finite(step: int, loss: float, grad_norm: Optional[float]) -> None:
 
 
 def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log):
-    """Model, optimizer and the state keeper, restored to the newest state every rank can get."""
+    """Process group, model, optimizer and the state keeper, restored to the newest state every
+    rank can get. (The process group too: its rendezvous waits for the slowest rank.)"""
+    init_process_group(env, cfg.collective_timeout(env.device.type), hooks.store)
+    events.emit("pg_ready", iteration=hooks.iteration)
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)
     from trainer.model import llama_config, parameter_count
 
@@ -180,8 +183,6 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     if cfg.deterministic:
         make_deterministic()
     settle_phases(cfg.startup_timeout, hooks.alive)
-    init_process_group(env, cfg.collective_timeout(env.device.type), hooks.store)
-    events.emit("pg_ready", iteration=hooks.iteration)
     data, model, optimizer, keeper, meta = hooks.phase(
         "startup", lambda: _build(cfg, env, events, hooks, log), cfg.startup_timeout, env.device)
     sampler = GlobalSampler(len(data), cfg.seed)
