@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import math
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -17,12 +19,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, accumulation_steps
 from trainer.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.events import EventLog
 from trainer.faults import FaultInjector, schedule
-from trainer.parallel import DistEnv, build_sharded_model, full_param_sha256, init_process_group
+from trainer.parallel import (DistEnv, build_sharded_model, full_param_sha256, init_process_group,
+                              peak_flops)
 from trainer.recovery import StateKeeper
 from trainer.state import ensure_optimizer_state
 
@@ -62,8 +66,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def wait_for_device(device: torch.device) -> None:
-    """Wait for the step's GPU work without holding the GIL.
+def wait_for_device(device: torch.device, done: Optional["torch.cuda.Event"] = None) -> None:
+    """Wait for GPU work (all queued so far, or up to `done`) without holding the GIL.
 
     `.item()` blocks inside CUDA with the GIL held: a rank stuck behind a hung peer could then
     neither be aborted in-process nor receive the wrapper's restart, and NVRx's monitor would
@@ -71,10 +75,86 @@ def wait_for_device(device: torch.device) -> None:
     """
     if device.type != "cuda":
         return
-    done = torch.cuda.Event()
-    done.record()
+    if done is None:
+        done = torch.cuda.Event()
+        done.record()
     while not done.query():
         time.sleep(0.0002)
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step's figures, on their way back from the device."""
+
+    step: int
+    lr: float
+    host: torch.Tensor                       # [loss, grad norm], filled once `end` completes
+    t0: float                                # host clock when the step began
+    start: Optional["torch.cuda.Event"] = None
+    end: Optional["torch.cuda.Event"] = None
+    dt: float = 0.0
+    stall: float = 0.0
+    indices: list = field(default_factory=list)
+
+    @property
+    def loss(self) -> float:
+        return float(self.host[0])
+
+    @property
+    def grad_norm(self) -> float:
+        return float(self.host[1])
+
+
+class StepReadback:
+    """Reads each step's loss and grad norm back one step late, off the critical path.
+
+    On a GPU the figures are copied into pinned host memory behind the step's work and an event
+    is recorded; they are read only after the next step has been queued, by polling that event
+    (`wait_for_device`), so the GPU never idles for the host and no thread blocks in CUDA
+    holding the GIL. dt of a step is the device time from the step's start marker (recorded
+    when the host began the step: data loading is included when the device is idle) to the
+    end of its work: steps queued back to back measure their own duration, never the host's
+    checkpoint stalls between them. On a CPU everything is synchronous and dt is wall time.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._queue: deque[StepRecord] = deque()
+
+    def begin(self, step: int, lr: float) -> StepRecord:
+        rec = StepRecord(step, lr, torch.empty(0), time.perf_counter())
+        if self.device.type == "cuda":
+            rec.start = torch.cuda.Event(enable_timing=True)
+            rec.start.record()
+        return rec
+
+    def queue(self, rec: StepRecord, stats: torch.Tensor) -> None:
+        if self.device.type == "cuda":
+            rec.host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            rec.host.copy_(stats, non_blocking=True)
+            rec.end = torch.cuda.Event(enable_timing=True)
+            rec.end.record()
+        else:
+            rec.host = stats
+            rec.dt = time.perf_counter() - rec.t0
+        self._queue.append(rec)
+
+    def ready(self, keep: int = 1) -> list[StepRecord]:
+        """Completed records, oldest first; on a GPU the newest `keep` stay in flight."""
+        if self.device.type != "cuda":
+            keep = 0
+        out = []
+        while len(self._queue) > keep:
+            rec = self._queue.popleft()
+            if rec.end is not None:
+                wait_for_device(self.device, rec.end)
+                rec.dt = rec.start.elapsed_time(rec.end) / 1000.0
+            out.append(rec)
+        return out
+
+    @property
+    def latest(self) -> Optional[StepRecord]:
+        return self._queue[-1] if self._queue else None
 
 
 def rng_state(device: torch.device) -> dict:
@@ -103,20 +183,99 @@ class Rank0Log:
             print(msg, flush=True)
 
 
-def train_step(model, optimizer, tokens: torch.Tensor, lr: float, grad_clip: float,
+def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, grad_clip: float,
+               world_size: int, tokens_per_step: int,
                before_optimizer: Callable[[], None] = lambda: None) -> torch.Tensor:
+    """One optimizer step over this rank's micro-batches; returns [loss, grad norm] on the
+    device, not read back: the loss is the mean over every token of the global batch.
+
+    Each token weighs 1 / tokens_per_step whichever rank and micro-batch holds it; FSDP averages
+    gradients over ranks, hence the factor world_size. So world 1 with batch 4 and world 2 with
+    batch 2 (or batch 2 accumulated twice) compute the same step.
+    """
     for group in optimizer.param_groups:
         group["lr"] = lr
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    logits = model(input_ids=inputs).logits
-    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-    loss.backward()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scale = world_size / tokens_per_step
+    loss_sum = torch.zeros((), device=micro_batches[0].device)
+    for tokens in micro_batches:
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        logits = model(input_ids=inputs, use_cache=False).logits
+        part = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+        (part * scale).backward()
+        loss_sum += part.detach()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                               grad_clip if grad_clip > 0 else math.inf)
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
     before_optimizer()  # snapshot copies of the previous step must finish reading the state
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+    loss = loss_sum / tokens_per_step
+    dist.all_reduce(loss)  # queued like any collective: no host sync
+    return torch.stack([loss, grad_norm.detach().to(loss.dtype)])
+
+
+class Throughput:
+    """Tokens/s and MFU. Model FLOPs per token: `model.flops_per_token`; peak: the device's
+    dense bf16 peak (`parallel.peak_flops`), None on CPUs, and then MFU is None too."""
+
+    def __init__(self, flops_per_token: int, peak: Optional[float], tokens_per_step: int,
+                 world_size: int):
+        self.flops_per_token, self.peak = flops_per_token, peak
+        self.tokens_per_step, self.world_size = tokens_per_step, world_size
+        self.step_times: list[float] = []
+
+    def per_gpu(self, tokens_per_second: float) -> float:
+        return tokens_per_second / self.world_size
+
+    def mfu_pct(self, tokens_per_second: float) -> Optional[float]:
+        if not self.peak:
+            return None
+        return 100.0 * self.per_gpu(tokens_per_second) * self.flops_per_token / self.peak
+
+    def add(self, dt: float) -> None:
+        self.step_times.append(dt)
+
+    def summary(self) -> dict:
+        """From the median step time of this attempt, its first step (warm-up, compilation)
+        left out: the steady state, without checkpoint stalls."""
+        times = self.step_times[1:] or self.step_times
+        dt = statistics.median(times) if times else None
+        tps = self.tokens_per_step / dt if dt else None
+        return {"tokens_per_step": self.tokens_per_step,
+                "tokens_per_second": tps,
+                "tokens_per_second_per_gpu": self.per_gpu(tps) if tps else None,
+                "flops_per_token": self.flops_per_token,
+                "peak_flops_per_gpu": self.peak,
+                "mfu_pct": self.mfu_pct(tps) if tps else None}
+
+
+class Window:
+    """What the step log shows: means over the steps since the last line, and wall-clock
+    throughput over the same span (so it includes checkpoint and snapshot stalls)."""
+
+    def __init__(self, t: float):
+        self.reset(t)
+
+    def reset(self, t: float) -> None:
+        self.t, self.steps, self.loss, self.grad_norm, self.stall, self.lr = t, 0, 0.0, 0.0, 0.0, 0.0
+
+    def add(self, rec: StepRecord) -> None:
+        self.steps += 1
+        self.loss += rec.loss
+        self.grad_norm += rec.grad_norm
+        self.stall += rec.stall
+        self.lr = rec.lr
+
+    def line(self, step: int, max_steps: int, perf: Throughput) -> str:
+        n = max(1, self.steps)
+        tps = perf.tokens_per_step * self.steps / max(time.perf_counter() - self.t, 1e-9)
+        mfu = perf.mfu_pct(tps)
+        return (f"step {step:>6}/{max_steps} | loss {self.loss / n:.4f} | "
+                f"grad norm {self.grad_norm / n:.3f} | lr {self.lr:.2e} | "
+                f"{tps:>10,.0f} tok/s ({perf.per_gpu(tps):,.0f}/gpu, with stalls) | "
+                + (f"MFU {mfu:.1f}% | " if mfu is not None else "")
+                + f"ckpt stall {self.stall:.3f} s")
 
 
 def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks] = None) -> dict:
@@ -127,16 +286,20 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     events.emit("pg_ready", iteration=hooks.iteration)
 
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)
-    from trainer.model import llama_config, parameter_count
+    from trainer.model import flops_per_token, llama_config, optimizer_groups, parameter_count
 
-    vocab = llama_config(cfg.model).vocab_size
+    if cfg.global_batch_size:  # an explicit global batch that this world cannot keep: say so now
+        accumulation_steps(cfg.global_batch_size, cfg.batch_size, env.world_size)
+    model_config = llama_config(cfg.model)
+    vocab = model_config.vocab_size
     if data.meta.vocab_size > vocab:
         raise ValueError(f"data in {data.path} uses {data.meta.vocab_size} token ids but model "
                          f"{cfg.model} has a vocabulary of {vocab}")
     n_params = parameter_count(cfg.model)
-    model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
-                                  weight_decay=0.1)
+    model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4, compile=cfg.compile,
+                                activation_checkpointing=cfg.activation_checkpointing)
+    optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                  betas=(0.9, 0.95), eps=1e-8)
     ensure_optimizer_state(model, optimizer)
     sampler = GlobalSampler(len(data), cfg.seed)
     events.emit("model_ready", params=n_params, iteration=hooks.iteration)
@@ -144,9 +307,15 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     keeper = StateKeeper(cfg, env, events, hooks.keep, hooks.alive, log)
     keeper.prepare(model, optimizer)
     step, last_loss = 0, 0.0
+    global_batch = cfg.global_batch_size or cfg.batch_size * env.world_size
     meta = keeper.restore(model, optimizer)
     if meta is not None:
         step, last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
+        saved_batch = int(meta.get("global_batch_size") or global_batch)
+        if cfg.global_batch_size and saved_batch != cfg.global_batch_size:
+            log(f"--global_batch_size {cfg.global_batch_size} replaces the checkpoint's "
+                f"{saved_batch}")
+        global_batch = cfg.global_batch_size or saved_batch
         sampler.load_state_dict(meta["sampler"])
         set_rng_state(meta["rng"], env.device)
         for key, fn in hooks.on_restore.items():
@@ -165,54 +334,66 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     for fn in hooks.on_ready:
         fn()
     events.emit("train_start", step=step, iteration=hooks.iteration)
-    tokens_per_step = env.world_size * cfg.batch_size * cfg.seq_len
+    # The global batch is what the optimizer sees; it survives any change of world size.
+    accum = accumulation_steps(global_batch, cfg.batch_size, env.world_size) \
+        if step < cfg.max_steps else 1
+    tokens_per_step = global_batch * cfg.seq_len
+    perf = Throughput(flops_per_token(model_config, cfg.seq_len), peak_flops(env.device),
+                      tokens_per_step, env.world_size)
+    readback = StepReadback(env.device)
+    window = Window(time.perf_counter())
 
     def state_meta(at_step: int) -> dict:
-        return _meta(at_step, sampler, env, hooks, float(loss))
+        # The newest loss already on the host (on a GPU, one step older than the state).
+        return _meta(at_step, sampler, env, hooks, last_loss, global_batch)
 
-    window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
-    loss = torch.tensor(last_loss, device=env.device)
+    def report(rec: StepRecord) -> None:
+        nonlocal last_loss
+        last_loss = rec.loss
+        perf.add(rec.dt)
+        if env.rank == 0:
+            events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall, loss=rec.loss,
+                        grad_norm=rec.grad_norm)
+        if cfg.trace_samples:
+            events.emit("samples", step=rec.step, indices=rec.indices)
+        window.add(rec)
+        if rec.step % cfg.log_interval == 0 or rec.step == cfg.max_steps:
+            log(window.line(rec.step, cfg.max_steps, perf))
+            window.reset(time.perf_counter())
 
     while step < cfg.max_steps:
         faults.at_step(step + 1)
-        t0 = time.perf_counter()
-        indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
-        batch = torch.from_numpy(np.stack([data.sample(i) for i in indices])).to(env.device)
-        loss = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip, keeper.fence)
+        rec = readback.begin(step + 1, lr_at(step, cfg))
+        micro = []
+        for _ in range(accum):
+            indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
+            rec.indices.extend(indices)
+            micro.append(torch.from_numpy(np.stack([data.sample(i) for i in indices]))
+                         .to(env.device, non_blocking=True))
+        stats = train_step(model, optimizer, micro, rec.lr, cfg.grad_clip, env.world_size,
+                           tokens_per_step, keeper.fence)
         step += 1
-        wait_for_device(env.device)
-        loss_value = float(loss.item())  # the device is done: honest step times
-        dt = time.perf_counter() - t0
+        readback.queue(rec, stats)
         hooks.alive()
-        stall = keeper.after_step(step, model, optimizer, state_meta)
-        if env.rank == 0:
-            events.emit("step", step=step, dt=dt, stall=stall, loss=loss_value)
-        if cfg.trace_samples:
-            events.emit("samples", step=step, indices=indices)
-        window_steps += 1
-        window_stall += stall
-        if step % cfg.log_interval == 0 or step == cfg.max_steps:
-            mean = loss.clone()
-            dist.all_reduce(mean)
-            elapsed = time.perf_counter() - window_t
-            log(f"step {step:>6}/{cfg.max_steps} | loss {float(mean) / env.world_size:.4f} | "
-                f"{tokens_per_step * window_steps / elapsed:>10,.0f} tok/s | "
-                f"ckpt stall {window_stall:.3f} s")
-            window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
+        rec.stall = keeper.after_step(step, model, optimizer, state_meta)
+        for done in readback.ready():  # on a GPU: the previous step, while this one runs
+            report(done)
+    for done in readback.ready(keep=0):
+        report(done)
 
     keeper.finish(step, model, optimizer, state_meta)
-    final_loss = loss.clone()
-    dist.all_reduce(final_loss)
     sha = full_param_sha256(model)
-    summary = {"steps_completed": step, "final_loss": float(final_loss) / env.world_size,
-               "param_sha256": sha, **keeper.stats()}
+    summary = {"steps_completed": step, "final_loss": last_loss, "param_sha256": sha,
+               "global_batch_size": global_batch, "accumulation_steps": accum,
+               **perf.summary(), **keeper.stats()}
     events.emit("train_end", **summary)
     return summary
 
 
-def _meta(step: int, sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float) -> dict:
+def _meta(step: int, sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float,
+          global_batch: int) -> dict:
     """Everything besides tensors that a resume needs; JSON-able (snapshot headers are JSON)."""
     meta = {"step": step, "sampler": sampler.state_dict(), "rng": rng_state(env.device),
-            "loss": loss, "saved_at": time.time()}
+            "loss": loss, "global_batch_size": global_batch, "saved_at": time.time()}
     meta.update({key: fn() for key, fn in hooks.meta.items()})
     return meta
