@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import NoReturn, Optional, Sequence
@@ -231,6 +232,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.global_batch_size % cfg.batch_size == 0,
          f"--global_batch_size {cfg.global_batch_size} is not a multiple of --batch_size "
          f"{cfg.batch_size}")
+    world = int(os.environ.get("WORLD_SIZE", 0))  # set by torchrun and ft_launcher
+    if cfg.global_batch_size and world:
+        accumulation_steps(cfg.global_batch_size, cfg.batch_size, world)
     need(cfg.activation_checkpointing in ACTIVATION_CHECKPOINTING,
          f"--activation_checkpointing {cfg.activation_checkpointing!r} is unknown; allowed: "
          f"{', '.join(ACTIVATION_CHECKPOINTING)}")
