@@ -99,11 +99,15 @@ def _init_rows_(name: str, local: torch.Tensor, seed: int, start: int, total_row
         local[lo - start:hi - start].copy_(values[lo - b0:hi - b0])
 
 
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
 def peak_flops(device: torch.device) -> Optional[float]:
     """Dense bf16 peak FLOP/s of one device, or None where unknown (CPUs, unlisted GPUs)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
+    name = device_name(device)
     for fragment, flops in PEAK_BF16_FLOPS:
         if fragment in name:
             return flops

@@ -42,7 +42,7 @@ def test_bad_speed_flags_are_one_line_and_exit_2(args, fragment):
 
 
 def test_flops_per_token_and_mfu_of_the_reference_run():
-    from trainer.train import Throughput
+    from trainer.metrics import Throughput
 
     for name in PRESETS:
         c = PRESETS[name]
@@ -102,3 +102,22 @@ def test_activation_checkpointing_and_compile_keep_gradients_and_names(one_rank_
     assert compiled.keys() == plain.keys()  # checkpoints stay interchangeable
     for n in plain:  # fused bf16 kernels round differently: close as a whole, not bit for bit
         assert float((compiled[n] - plain[n]).norm()) <= 0.02 * float(plain[n].norm()), n
+
+
+def test_step_figures_and_the_log_line_on_cpu():
+    from trainer.metrics import StepReadback, Throughput, Window
+
+    waited = []
+    readback = StepReadback(torch.device("cpu"), lambda device, event: waited.append(event))
+    window = Window(0.0)
+    for step, (loss, norm) in enumerate([(3.0, 1.5), (2.0, 0.5)], start=1):
+        rec = readback.begin(step, 1e-3 * step)
+        readback.queue(rec, torch.tensor([loss, norm]))
+        done = readback.ready()  # a CPU step is complete when queued: nothing stays in flight
+        assert [r.step for r in done] == [step] and done[0].dt >= 0.0
+        window.add(done[0])
+    assert not waited  # no device events to poll on a CPU
+    line = window.line(2, 10, Throughput(100, None, 256, 2))
+    assert "loss 2.5000" in line and "grad norm 1.000" in line and "lr 2.00e-03" in line
+    assert "tok/s" in line and "with stalls" in line and "MFU" not in line
+    assert "MFU" in window.line(2, 10, Throughput(100, 1e12, 256, 2))
