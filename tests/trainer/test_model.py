@@ -1,6 +1,9 @@
 """Model presets and loading weights from a local Hugging Face directory, sharded with FSDP2."""
 
+import os
 import socket
+import sys
+from datetime import timedelta
 
 import pytest
 import torch
@@ -44,7 +47,7 @@ def _build_everything(rank: int, world: int, port: int, hf_dirs: dict, out: str)
     from trainer.parallel import FULL_INIT_MAX_BYTES, full_param_sha256
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=timedelta(seconds=120))
     try:
         env = DistEnv(rank, world, 0, world, torch.device("cpu"))
         sources = {"preset, built whole": ("tiny", FULL_INIT_MAX_BYTES),
@@ -57,8 +60,14 @@ def _build_everything(rank: int, world: int, port: int, hf_dirs: dict, out: str)
                             full_param_sha256(model), model.training)
         if rank == 0:
             torch.save(found, out)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter teardown, as the trainer does (trainer/__main__.py): gloo's C++
+    # destructors can abort at exit, which would read as a failed rank.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _start(world: int, hf_dirs: dict, out) -> dict:
