@@ -23,6 +23,7 @@ FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom", "node")
 TIERS = ("memory", "node", "peer")
 RESUME = ("auto", "required", "never")
 DEVICES = ("auto", "cpu", "cuda")
+ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
 
 
 class ConfigError(ValueError):
@@ -42,12 +43,17 @@ class TrainConfig:
     max_steps: int = 100
     seq_len: int = 128
     batch_size: int = 4
+    global_batch_size: int = 0  # 0: batch_size * world size at the first start
     lr: float = 3e-4
+    weight_decay: float = 0.1
     warmup_steps: int = 10
     grad_clip: float = 1.0
     seed: int = 1234
     device: str = "auto"
     deterministic: bool = False
+    # speed
+    compile: bool = False
+    activation_checkpointing: str = "none"
     # checkpoints (durable tier)
     checkpoint_dir: Optional[str] = None
     checkpoint_interval: int = 0
@@ -108,6 +114,17 @@ class TrainConfig:
         return d
 
 
+def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:
+    """Micro-batches per rank per optimizer step that keep the global batch exact."""
+    per_pass = micro_batch * world_size
+    if global_batch % per_pass:
+        raise ConfigError(
+            f"global batch size {global_batch} cannot be kept at world size {world_size}: it is "
+            f"not a multiple of --batch_size {micro_batch} x {world_size} ranks = {per_pass}; "
+            "choose a --batch_size that divides it")
+    return global_batch // per_pass
+
+
 def _bool(text: str) -> bool:
     t = text.strip().lower()
     if t in ("true", "1", "yes", "on"):
@@ -146,8 +163,16 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                         "bundled local corpus, prepared on first use")
     g.add_argument("--max_steps", type=int, default=d.max_steps)
     g.add_argument("--seq_len", type=int, default=d.seq_len)
-    g.add_argument("--batch_size", type=int, default=d.batch_size, help="sequences per rank per step")
+    g.add_argument("--batch_size", type=int, default=d.batch_size,
+                   help="sequences per rank per forward pass (the micro-batch)")
+    g.add_argument("--global_batch_size", type=int, default=d.global_batch_size,
+                   help="sequences per optimizer step over all ranks, kept through restarts at "
+                        "any world size by gradient accumulation (0: --batch_size x world size "
+                        "at the first start; a resume keeps the checkpoint's)")
     g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--weight_decay", type=float, default=d.weight_decay,
+                   help="AdamW weight decay of matrices; norms, biases and other 1-D "
+                        "parameters are never decayed")
     g.add_argument("--warmup_steps", type=int, default=d.warmup_steps)
     g.add_argument("--grad_clip", type=float, default=d.grad_clip)
     g.add_argument("--seed", type=int, default=d.seed)
@@ -155,6 +180,13 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
     g.add_argument("--deterministic", type=_bool, default=d.deterministic, metavar="true|false",
                    help="bit-reproducible GPU training: deterministic kernels and attention "
                         "backward, fixed NCCL algorithm and protocol (slower; see BENCHMARKS.md)")
+    g = p.add_argument_group("speed")
+    g.add_argument("--compile", type=_bool, default=d.compile, metavar="true|false",
+                   help="torch.compile each decoder layer")
+    g.add_argument("--activation_checkpointing", choices=ACTIVATION_CHECKPOINTING,
+                   default=d.activation_checkpointing,
+                   help="recompute activations in the backward pass: of every other decoder "
+                        "layer (selective) or of all of them (full)")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint_dir", default=d.checkpoint_dir)
     g.add_argument("--checkpoint_interval", type=int, default=d.checkpoint_interval,
@@ -222,6 +254,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         v = getattr(cfg, name)
         need(v >= 0, f"--{name} {v} must be 0 or more")
     need(cfg.lr > 0, f"--lr {cfg.lr} must be positive")
+    need(cfg.weight_decay >= 0, f"--weight_decay {cfg.weight_decay} must be 0 or more")
+    need(cfg.global_batch_size >= 0,
+         f"--global_batch_size {cfg.global_batch_size} must be 0 (automatic) or more")
+    need(cfg.global_batch_size % cfg.batch_size == 0,
+         f"--global_batch_size {cfg.global_batch_size} is not a multiple of --batch_size "
+         f"{cfg.batch_size}")
+    world = int(os.environ.get("WORLD_SIZE", 0))  # set by torchrun and ft_launcher
+    if cfg.global_batch_size and world:
+        accumulation_steps(cfg.global_batch_size, cfg.batch_size, world)
+    need(cfg.activation_checkpointing in ACTIVATION_CHECKPOINTING,
+         f"--activation_checkpointing {cfg.activation_checkpointing!r} is unknown; allowed: "
+         f"{', '.join(ACTIVATION_CHECKPOINTING)}")
     need(cfg.log_interval >= 1, f"--log_interval {cfg.log_interval} must be at least 1")
     need(cfg.keep_checkpoints >= 1, f"--keep_checkpoints {cfg.keep_checkpoints} must be at least 1")
     need(cfg.checkpoint_timeout > 0, f"--checkpoint_timeout {cfg.checkpoint_timeout} must be positive")

@@ -4,7 +4,8 @@ Layout of a data directory: `tokens.bin` (little-endian uint16 or uint32 ids, do
 separated by the EOS id) and `meta.json`. Sample i is the window of seq_len + 1 tokens starting at
 i * seq_len. The sampler walks a seeded permutation per epoch with one global cursor (samples
 consumed by all ranks together), which is saved in every checkpoint: after a restart, at any
-world size, training continues with exactly the next unseen samples.
+world size, training continues with exactly the next unseen samples. The permutation is
+computed index by index (a Feistel bijection), so nothing of dataset size is ever built.
 
 Command: `python -m trainer.data prepare --source local|c4|FILE --num_samples N
 --tokenizer byte|MODEL_DIR|HUB_ID --output DIR`.
@@ -193,32 +194,94 @@ class TokenDataset:
         return np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer: a cheap, well-spread 64-bit hash."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class FeistelPermutation:
+    """A keyed bijection of [0, n) computed per index: no table, so its cost does not grow with n.
+
+    A balanced Feistel network permutes [0, 4^h) with 4^h < 4n; indices that land at or beyond
+    n are encrypted again (cycle walking) until they fall inside, which keeps it a bijection of
+    [0, n). Expected walks per index: under 4.
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, key: int):
+        if n < 1:
+            raise ValueError(f"a permutation needs at least one element, got n={n}")
+        self.n = n
+        self._half = max(1, ((n - 1).bit_length() + 1) // 2)
+        self._mask = (1 << self._half) - 1
+        base = _mix64(key & _MASK64)
+        self._keys = [_mix64(base ^ _mix64(r + 1)) for r in range(self.ROUNDS)]
+
+    def _encrypt(self, x: int) -> int:
+        left, right = x >> self._half, x & self._mask
+        for k in self._keys:
+            left, right = right, left ^ (_mix64(right ^ k) & self._mask)
+        return (left << self._half) | right
+
+    def __call__(self, index: int) -> int:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} outside [0, {self.n})")
+        x = self._encrypt(index)
+        while x >= self.n:
+            x = self._encrypt(x)
+        return x
+
+
+ORDER = "feistel-v1"      # the sample order this code produces
+LEGACY_ORDER = "numpy-v0"  # checkpoints without an "order" field: a materialized permutation
+
+
 class GlobalSampler:
-    """Deterministic order over all ranks; `cursor` counts samples consumed globally."""
+    """Deterministic order over all ranks; `cursor` counts samples consumed globally.
+
+    Each epoch's order is a Feistel permutation keyed by (seed, epoch), computed index by index,
+    so a (re)start costs the same at any dataset size. The order's name is part of the state:
+    a checkpoint written with the older materialized permutation continues in that order.
+    """
 
     def __init__(self, num_samples: int, seed: int, cursor: int = 0):
         self.num_samples = num_samples
         self.seed = seed
         self.cursor = cursor
+        self.order = ORDER
         self._epoch: Optional[int] = None
-        self._perm: Optional[np.ndarray] = None
+        self._perm = None
+
+    def _permutation(self, epoch: int):
+        if self.order == LEGACY_ORDER:
+            table = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            return lambda i: int(table[i])
+        key = _mix64((self.seed & _MASK64) ^ _mix64(epoch + 0x9E3779B97F4A7C15))
+        return FeistelPermutation(self.num_samples, key)
 
     def _index(self, position: int) -> int:
         epoch, offset = divmod(position, self.num_samples)
         if epoch != self._epoch:
-            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._perm = self._permutation(epoch)
             self._epoch = epoch
-        return int(self._perm[offset])
+        return self._perm(offset)
 
     def next_batch(self, rank: int, world_size: int, batch_size: int) -> list[int]:
-        """This rank's sample indices for the next step; advances the global cursor."""
+        """This rank's sample indices for the next micro-batch; advances the global cursor."""
         base = self.cursor + rank * batch_size
         indices = [self._index(base + j) for j in range(batch_size)]
         self.cursor += world_size * batch_size
         return indices
 
     def state_dict(self) -> dict:
-        return {"cursor": self.cursor, "seed": self.seed, "num_samples": self.num_samples}
+        return {"cursor": self.cursor, "seed": self.seed, "num_samples": self.num_samples,
+                "order": self.order}
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_samples"] != self.num_samples or state["seed"] != self.seed:
@@ -226,6 +289,12 @@ class GlobalSampler:
                 f"checkpoint data position is for {state['num_samples']} samples / seed "
                 f"{state['seed']}, but this run has {self.num_samples} / {self.seed}: the "
                 "dataset, --seq_len or --seed changed")
+        order = state.get("order", LEGACY_ORDER)
+        if order not in (ORDER, LEGACY_ORDER):
+            raise ValueError(f"checkpoint sample order {order!r} is unknown; this trainer "
+                             f"reads {ORDER} and {LEGACY_ORDER}")
+        self.order = order
+        self._epoch, self._perm = None, None
         self.cursor = int(state["cursor"])
 
 

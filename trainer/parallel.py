@@ -1,4 +1,5 @@
-"""Process groups, devices and FSDP2 sharding: one unit per decoder layer, bf16 compute.
+"""Process groups, devices and FSDP2 sharding: one unit per decoder layer, bf16 compute;
+activation checkpointing and torch.compile per layer; device peak FLOP/s for MFU.
 
 FSDP2 (`fully_shard`) runs on CUDA with NCCL and on CPU with gloo alike, so local runs use the
 very code and checkpoint format of the cluster.
@@ -67,43 +68,127 @@ def init_process_group(env: DistEnv, timeout_s: float, store: Optional[dist.Stor
     dist.init_process_group(**kwargs)
 
 
-def _init_shard_(name: str, local: torch.Tensor, seed: int, rank: int) -> None:
-    """Random init of one local shard, reproducible for a given world size."""
+INIT_BLOCK_ROWS = 64  # rows per independently seeded block of the shard-by-shard init
+
+
+def _block_generator(seed: int, name: str, block: int, device: torch.device) -> torch.Generator:
+    key = hashlib.sha256(f"{seed}:{name}:{block}".encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(key[:8], "little") >> 1)
+
+
+def _init_rows_(name: str, local: torch.Tensor, seed: int, start: int, total_rows: int) -> None:
+    """Random init of global rows [start, start + len(local)) of parameter `name`.
+
+    Rows come in fixed blocks, each drawn from a generator seeded by (seed, name, block): a row's
+    value depends on neither the world size nor the rank, so every world starts from the same
+    weights. A shard boundary inside a block costs drawing that one block whole.
+    """
     if "norm" in name:
         local.fill_(1.0)
         return
-    key = hashlib.sha256(f"{seed}:{name}:{rank}".encode()).digest()
-    gen = torch.Generator(device=local.device).manual_seed(int.from_bytes(key[:8], "little") >> 1)
-    local.normal_(0.0, 0.02, generator=gen)
+    if local.dim() == 0 or local.shape[0] == 0:
+        return
+    rows = local.shape[0]
+    first, last = start // INIT_BLOCK_ROWS, (start + rows - 1) // INIT_BLOCK_ROWS
+    for block in range(first, last + 1):
+        b0 = block * INIT_BLOCK_ROWS
+        b1 = min(b0 + INIT_BLOCK_ROWS, total_rows)
+        values = torch.empty((b1 - b0, *local.shape[1:]), dtype=local.dtype, device=local.device)
+        values.normal_(0.0, 0.02, generator=_block_generator(seed, name, block, local.device))
+        lo, hi = max(start, b0), min(start + rows, b1)
+        local[lo - start:hi - start].copy_(values[lo - b0:hi - b0])
 
 
-def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int) -> torch.nn.Module:
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def peak_flops(device: torch.device) -> Optional[float]:
+    """Dense bf16 peak FLOP/s of one device, or None where unknown (CPUs, unlisted GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = device_name(device)
+    for fragment, flops in PEAK_BF16_FLOPS:
+        if fragment in name:
+            return flops
+    return None
+
+
+# Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets; the first match wins.
+PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
+                   ("A100", 312e12), ("L40S", 362e12), ("B200", 2250e12))
+
+
+def _apply_layer_options(layer: torch.nn.Module, checkpointed: bool, compiled: bool) -> None:
+    """Activation checkpointing, then torch.compile, on one decoder layer's forward.
+
+    The layer's forward is replaced in place, not wrapped in another module, so parameter names
+    (and with them checkpoints) are the same with and without either option. The FSDP hooks
+    stay outside the compiled region, as in torchtitan (compile per block, then shard).
+    """
+    forward = layer.forward
+    if checkpointed:
+        from torch.utils.checkpoint import checkpoint
+
+        def forward_checkpointed(*args, _inner=forward, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        forward = forward_checkpointed
+    if compiled:
+        forward = torch.compile(forward)
+    layer.forward = forward
+
+
+def checkpointed_layers(mode: str, layers: int) -> list[bool]:
+    """Which decoder layers recompute their activations: none, every other one, or all."""
+    if mode == "full":
+        return [True] * layers
+    if mode == "selective":
+        return [i % 2 == 1 for i in range(layers)]
+    return [False] * layers
+
+
+def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
+                        compile: bool = False, activation_checkpointing: str = "none",
+                        full_init_max_bytes: int = FULL_INIT_MAX_BYTES) -> torch.nn.Module:
     """Shard a LlamaForCausalLM over all ranks and put its local shards on the device.
 
-    Small models (and any model loaded from a directory) are built whole on the CPU first and
-    each rank copies its rows, so the result is identical at every world size. Large presets are
-    built on the meta device and initialized shard by shard, so no rank ever holds the whole.
+    The model is built on the meta device and sharded first. Small presets are then built whole
+    on the CPU and each rank copies its rows (HF's own init). Larger presets are initialized
+    row block by row block (`_init_rows_`), and a Hugging Face directory is read row range by
+    row range from its safetensors files: no rank ever holds the whole, and the result is the
+    same at every world size.
     """
-    from trainer.model import PRESETS, build_model
+    from trainer.model import PRESETS, SafetensorsRows, build_model, weights_dir
 
-    full = None
-    if ref not in PRESETS or param_bytes <= FULL_INIT_MAX_BYTES:
+    full, source = None, None
+    if ref in PRESETS and param_bytes <= full_init_max_bytes:
         full = dict(build_model(ref, seed, "cpu").named_parameters())
+    elif ref not in PRESETS:
+        source = SafetensorsRows(weights_dir(ref))
     model = build_model(ref, seed, "meta")
+    layers = list(model.model.layers)
+    for layer, ckpt in zip(layers, checkpointed_layers(activation_checkpointing, len(layers))):
+        _apply_layer_options(layer, ckpt, compile)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
+    for i, layer in enumerate(layers):
+        # The root's parameters (embedding, norm, output) are gathered again for the backward
+        # pass right after the forward: keeping the last layer gathered saves one all-gather.
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
     fully_shard(model, mp_policy=mp)
     model.to_empty(device=env.device)
     with torch.no_grad():
         for name, p in model.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
-            if full is None:
-                _init_shard_(name, local, seed, env.rank)
-                continue
             start, rows = _row_range(p)
-            src = full[name] if p.dim() == 0 else full[name][start:start + rows]
-            local.copy_(src)
+            if full is not None:
+                local.copy_(full[name] if p.dim() == 0 else full[name][start:start + rows])
+            elif source is not None:
+                local.copy_(source.rows(name, start, rows))
+            else:
+                _init_rows_(name, local, seed, start, p.shape[0] if p.dim() else 0)
+        if source is not None:
+            source.close()
         # Buffers that are not parameters (rotary frequencies) stayed uninitialized on the
         # meta device: rebuild those modules on the CPU and move their buffers over.
         for mod in model.modules():
@@ -112,7 +197,7 @@ def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int) -> 
                 for bname, buf in fresh.named_buffers(recurse=False):
                     setattr(mod, bname, buf.to(env.device))
                 mod.attention_scaling = fresh.attention_scaling
-    return model
+    return model.train()
 
 
 @torch.no_grad()

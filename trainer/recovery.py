@@ -126,12 +126,22 @@ class StateKeeper:
         if self.snap is not None and self.env.device.type == "cuda":
             self.snap.fence()
 
+    def saves_durably(self, step: int) -> bool:
+        """Whether `after_step(step)` writes a durable checkpoint (the final one is `finish`'s)."""
+        cfg = self.cfg
+        return self.ckpt is not None and bool(cfg.checkpoint_interval) \
+            and step % cfg.checkpoint_interval == 0 and step < cfg.max_steps
+
+    def discard_snapshots_from(self, step: int) -> None:
+        """A diverged step: its snapshots and any after it must never be resumed from."""
+        if self.snap is not None:
+            self.snap.discard_from(step)
+
     def after_step(self, step: int, model, optimizer, meta: MetaFn) -> float:
         """Snapshot and checkpoint as due; returns the seconds the loop was blocked."""
         t0 = time.perf_counter()
         cfg = self.cfg
-        durable_due = bool(cfg.checkpoint_interval) and step % cfg.checkpoint_interval == 0 \
-            and step < cfg.max_steps
+        durable_due = self.saves_durably(step)
         if self.ckpt is not None:
             self.ckpt.poll()
         if self.lease is not None:

@@ -240,6 +240,13 @@ class Snapshotter:
                 continue
             self._commit_pending(slot, pending)
 
+    def discard_from(self, step: int) -> None:
+        """Invalidate this rank's snapshots of `step` and later (copies in flight included)."""
+        self.poll(wait=True)
+        for slot in self.slots:
+            if slot.step >= step:
+                slot.invalidate()
+
     def _header_extra(self) -> dict:
         return {"rank": self.rank, "world_size": self.world_size, "saved_at": time.time()}
 

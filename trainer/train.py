@@ -20,12 +20,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from trainer.config import FinalError, TrainConfig
-from trainer.determinism import make_deterministic
+from trainer.config import FinalError, TrainConfig, accumulation_steps
 from trainer.data import GlobalSampler, TokenDataset, ensure_local_data
+from trainer.determinism import make_deterministic
 from trainer.events import EventLog
 from trainer.faults import FaultInjector, at_point, schedule
-from trainer.parallel import DistEnv, build_sharded_model, full_param_sha256, init_process_group
+from trainer.metrics import StepReadback, StepRecord, Throughput, Window
+from trainer.parallel import (DistEnv, build_sharded_model, device_name, full_param_sha256,
+                              init_process_group, peak_flops)
 from trainer.phases import run_phase, settle as settle_phases
 from trainer.recovery import StateKeeper
 from trainer.state import ensure_optimizer_state
@@ -57,7 +59,7 @@ class Hooks:
     meta: dict[str, Callable[[], dict]] = field(default_factory=dict)  # saved with checkpoints
     on_restore: dict[str, Callable[[dict], None]] = field(default_factory=dict)
     keep: dict = field(default_factory=dict)     # objects that outlive an attempt
-    steps_done: int = 0                          # training steps this attempt completed
+    steps_done: int = 0                          # training steps this attempt queued
 
     def phase(self, name: str, fn: Callable[[], T], bound_s: float,
               device: Optional[torch.device] = None) -> T:
@@ -73,8 +75,15 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def wait_for_device(device: torch.device) -> None:
-    """Wait for the step's GPU work without holding the GIL.
+def to_device(tokens: np.ndarray, device: torch.device) -> torch.Tensor:
+    """On a GPU, through pinned memory and without blocking: a copy from pageable memory would
+    make the host wait for all the work queued before it."""
+    t = torch.from_numpy(tokens)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+def wait_for_device(device: torch.device, done: Optional["torch.cuda.Event"] = None) -> None:
+    """Wait for GPU work (all queued so far, or up to `done`) without holding the GIL.
 
     `.item()` blocks inside CUDA with the GIL held: a rank stuck behind a hung peer could then
     neither be aborted in-process nor receive the wrapper's restart, and NVRx's monitor would
@@ -82,8 +91,9 @@ def wait_for_device(device: torch.device) -> None:
     """
     if device.type != "cuda":
         return
-    done = torch.cuda.Event()
-    done.record()
+    if done is None:
+        done = torch.cuda.Event()
+        done.record()
     while not done.query():
         time.sleep(0.0002)
 
@@ -118,33 +128,44 @@ class NonFiniteError(FinalError):
     """A non-finite loss or gradient norm: the state it produced is never checkpointed."""
 
 
-def train_step(model, optimizer, tokens: torch.Tensor, lr: float, grad_clip: float,
-               before_optimizer: Callable[[], None] = lambda: None
-               ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """One optimizer step; returns the loss and, with clipping, the total gradient norm."""
+def check_finite(step: int, loss: float, grad_norm: float) -> None:
+    """Stop before a diverged state reaches a durable checkpoint."""
+    for name, value in (("loss", loss), ("gradient norm", grad_norm)):
+        if not math.isfinite(value):
+            raise NonFiniteError(f"the {name} is {value} at step {step}; training stops before "
+                                 "this state is saved (lower --lr, or check the data)")
+
+
+def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, grad_clip: float,
+               world_size: int, tokens_per_step: int,
+               before_optimizer: Callable[[], None] = lambda: None) -> torch.Tensor:
+    """One optimizer step over this rank's micro-batches; returns [loss, grad norm] on the
+    device, not read back: the loss is the mean over every token of the global batch.
+
+    Each token weighs 1 / tokens_per_step whichever rank and micro-batch holds it; FSDP averages
+    gradients over ranks, hence the factor world_size. So world 1 with batch 4 and world 2 with
+    batch 2 (or batch 2 accumulated twice) compute the same step.
+    """
     for group in optimizer.param_groups:
         group["lr"] = lr
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    logits = model(input_ids=inputs).logits
-    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-    loss.backward()
-    norm = None
-    if grad_clip > 0:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
+    scale = world_size / tokens_per_step
+    loss_sum = torch.zeros((), device=micro_batches[0].device)
+    for tokens in micro_batches:
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        logits = model(input_ids=inputs, use_cache=False).logits
+        part = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+        (part * scale).backward()
+        loss_sum += part.detach()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                               grad_clip if grad_clip > 0 else math.inf)
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
     before_optimizer()  # snapshot copies of the previous step must finish reading the state
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach(), norm
-
-
-def check_finite(step: int, loss: float, grad_norm: Optional[float]) -> None:
-    """Stop before a diverged state reaches a snapshot or a checkpoint."""
-    for name, value in (("loss", loss), ("gradient norm", grad_norm)):
-        if value is not None and not math.isfinite(value):
-            raise NonFiniteError(f"the {name} is {value} at step {step}; training stops before "
-                                 "this state is saved (lower --lr, or check the data)")
+    loss = loss_sum / tokens_per_step
+    dist.all_reduce(loss)  # queued like any collective: no host sync
+    return torch.stack([loss, grad_norm.detach().to(loss.dtype)])
 
 
 def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log):
@@ -153,16 +174,19 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     init_process_group(env, cfg.collective_timeout(env.device.type), hooks.store)
     events.emit("pg_ready", iteration=hooks.iteration)
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)
-    from trainer.model import llama_config, parameter_count
+    from trainer.model import llama_config, optimizer_groups, parameter_count
 
-    vocab = llama_config(cfg.model).vocab_size
-    if data.meta.vocab_size > vocab:
+    if cfg.global_batch_size:  # an explicit global batch that this world cannot keep: say so now
+        accumulation_steps(cfg.global_batch_size, cfg.batch_size, env.world_size)
+    model_config = llama_config(cfg.model)
+    if data.meta.vocab_size > model_config.vocab_size:
         raise ValueError(f"data in {data.path} uses {data.meta.vocab_size} token ids but model "
-                         f"{cfg.model} has a vocabulary of {vocab}")
+                         f"{cfg.model} has a vocabulary of {model_config.vocab_size}")
     n_params = parameter_count(cfg.model)
-    model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
-                                  weight_decay=0.1)
+    model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4, compile=cfg.compile,
+                                activation_checkpointing=cfg.activation_checkpointing)
+    optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                  betas=(0.9, 0.95), eps=1e-8)
     ensure_optimizer_state(model, optimizer)
     events.emit("model_ready", params=n_params, iteration=hooks.iteration)
     point = partial(at_point, step=-1, rank=env.rank, record_dir=cfg.checkpoint_dir, events=events,
@@ -173,7 +197,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     point("buffers")
     meta = keeper.restore(model, optimizer)
     point("restore")
-    return data, model, optimizer, keeper, meta
+    return data, model_config, model, optimizer, keeper, meta
 
 
 def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks] = None) -> dict:
@@ -183,12 +207,20 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     if cfg.deterministic:
         make_deterministic()
     settle_phases(cfg.startup_timeout, hooks.alive)
-    data, model, optimizer, keeper, meta = hooks.phase(
+    data, model_config, model, optimizer, keeper, meta = hooks.phase(
         "startup", lambda: _build(cfg, env, events, hooks, log), cfg.startup_timeout, env.device)
+    from trainer.model import flops_per_token
+
     sampler = GlobalSampler(len(data), cfg.seed)
     step, last_loss = 0, 0.0
+    global_batch = cfg.global_batch_size or cfg.batch_size * env.world_size
     if meta is not None:
         step, last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
+        saved_batch = int(meta.get("global_batch_size") or global_batch)
+        if cfg.global_batch_size and saved_batch != cfg.global_batch_size:
+            log(f"--global_batch_size {cfg.global_batch_size} replaces the checkpoint's "
+                f"{saved_batch}")
+        global_batch = cfg.global_batch_size or saved_batch
         sampler.load_state_dict(meta["sampler"])
         set_rng_state(meta["rng"], env.device)
         for key, fn in hooks.on_restore.items():
@@ -207,67 +239,81 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     for fn in hooks.on_ready:
         fn()
     events.emit("train_start", step=step, iteration=hooks.iteration)
-    tokens_per_step = env.world_size * cfg.batch_size * cfg.seq_len
+    # The global batch is what the optimizer sees; it survives any change of world size.
+    accum = accumulation_steps(global_batch, cfg.batch_size, env.world_size) \
+        if step < cfg.max_steps else 1
+    tokens_per_step = global_batch * cfg.seq_len
+    perf = Throughput(flops_per_token(model_config, cfg.seq_len), peak_flops(env.device),
+                      tokens_per_step, env.world_size, device_name(env.device))
+    readback = StepReadback(env.device, wait_for_device)
+    window = Window(time.perf_counter())
 
     def state_meta(at_step: int) -> dict:
-        return _meta(at_step, sampler, env, hooks, float(loss))
+        # The newest loss already on the host (on a GPU, one step older than the state).
+        return _meta(at_step, sampler, env, hooks, last_loss, global_batch)
 
-    def one_step() -> tuple[list[int], torch.Tensor, float]:
-        indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
-        batch = torch.from_numpy(np.stack([data.sample(i) for i in indices])).to(env.device)
-        out, norm = train_step(model, optimizer, batch, lr_at(step, cfg), cfg.grad_clip,
-                               keeper.fence)
-        wait_for_device(env.device)
-        value = float(out.item())  # the device is done: honest step times
-        check_finite(step + 1, value, None if norm is None else float(norm))
-        return indices, out, value
+    def report(rec: StepRecord) -> None:
+        nonlocal last_loss
+        if not (math.isfinite(rec.loss) and math.isfinite(rec.grad_norm)):
+            keeper.discard_snapshots_from(rec.step)  # never a resume point
+            check_finite(rec.step, rec.loss, rec.grad_norm)
+        last_loss = rec.loss
+        perf.add(rec.dt)
+        if env.rank == 0:
+            events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall, loss=rec.loss,
+                        grad_norm=rec.grad_norm)
+        if cfg.trace_samples:
+            events.emit("samples", step=rec.step, indices=rec.indices)
+        window.add(rec)
+        if rec.step % cfg.log_interval == 0 or rec.step == cfg.max_steps:
+            log(window.line(rec.step, cfg.max_steps, perf))
+            window.reset(time.perf_counter())
 
-    window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
-    loss = torch.tensor(last_loss, device=env.device)
+    def one_step() -> StepRecord:
+        rec = readback.begin(step + 1, lr_at(step, cfg))
+        micro = []
+        for _ in range(accum):
+            indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
+            rec.indices.extend(indices)
+            micro.append(to_device(np.stack([data.sample(i) for i in indices]), env.device))
+        stats = train_step(model, optimizer, micro, rec.lr, cfg.grad_clip, env.world_size,
+                           tokens_per_step, keeper.fence)
+        readback.queue(rec, stats)
+        return rec
 
     while step < cfg.max_steps:
         faults.at_step(step + 1)
-        t0 = time.perf_counter()
-        if hooks.steps_done == 0:  # lazy kernel, allocator and communicator set-up: a phase
-            indices, loss, loss_value = hooks.phase("first_step", one_step, cfg.startup_timeout,
-                                                    env.device)
+        if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: a phase
+            rec = hooks.phase("first_step", one_step, cfg.startup_timeout, env.device)
         else:
-            indices, loss, loss_value = one_step()
+            rec = one_step()
         step += 1
         hooks.steps_done += 1
-        dt = time.perf_counter() - t0
         hooks.alive()
-        stall = keeper.after_step(step, model, optimizer, state_meta)
-        if env.rank == 0:
-            events.emit("step", step=step, dt=dt, stall=stall, loss=loss_value)
-        if cfg.trace_samples:
-            events.emit("samples", step=step, indices=indices)
-        window_steps += 1
-        window_stall += stall
-        if step % cfg.log_interval == 0 or step == cfg.max_steps:
-            mean = loss.clone()
-            dist.all_reduce(mean)
-            elapsed = time.perf_counter() - window_t
-            log(f"step {step:>6}/{cfg.max_steps} | loss {float(mean) / env.world_size:.4f} | "
-                f"{tokens_per_step * window_steps / elapsed:>10,.0f} tok/s | "
-                f"ckpt stall {window_stall:.3f} s")
-            window_t, window_steps, window_stall = time.perf_counter(), 0, 0.0
+        if keeper.saves_durably(step):  # only verified steps reach the durable tier
+            for done in readback.ready(keep=0):
+                report(done)
+        rec.stall = keeper.after_step(step, model, optimizer, state_meta)
+        for done in readback.ready():  # on a GPU: the previous step, while this one runs
+            report(done)
+    for done in readback.ready(keep=0):
+        report(done)
 
     def finish() -> dict:
         keeper.finish(step, model, optimizer, state_meta)
-        final_loss = loss.clone()
-        dist.all_reduce(final_loss)
-        return {"steps_completed": step, "final_loss": float(final_loss) / env.world_size,
-                "param_sha256": full_param_sha256(model), **keeper.stats()}
+        return {"steps_completed": step, "final_loss": last_loss,
+                "param_sha256": full_param_sha256(model), "global_batch_size": global_batch,
+                "accumulation_steps": accum, **perf.summary(), **keeper.stats()}
 
     summary = hooks.phase("final", finish, cfg.checkpoint_timeout + cfg.startup_timeout, env.device)
     events.emit("train_end", **summary)
     return summary
 
 
-def _meta(step: int, sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float) -> dict:
+def _meta(step: int, sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float,
+          global_batch: int) -> dict:
     """Everything besides tensors that a resume needs; JSON-able (snapshot headers are JSON)."""
     meta = {"step": step, "sampler": sampler.state_dict(), "rng": rng_state(env.device),
-            "loss": loss, "saved_at": time.time()}
+            "loss": loss, "global_batch_size": global_batch, "saved_at": time.time()}
     meta.update({key: fn() for key, fn in hooks.meta.items()})
     return meta

@@ -6,7 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.data import GlobalSampler, TokenDataset, main, prepare
+import tracemalloc
+
+from trainer.data import (LEGACY_ORDER, FeistelPermutation, GlobalSampler, TokenDataset, main,
+                          prepare)
 
 
 def test_prepare_local_corpus_and_read_windows(tmp_path):
@@ -52,3 +55,48 @@ def test_resumed_sampler_continues_exactly(n, world, batch, steps, cut, seed):
     flat = [i for step in whole for ranks in step for i in ranks]
     for k in range(0, len(flat) - n + 1, n):  # every epoch is a permutation of all samples
         assert sorted(flat[k:k + n]) == list(range(n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3000), key=st.integers(0, 2**64 - 1))
+def test_feistel_permutation_is_a_bijection(n, key):
+    perm = FeistelPermutation(n, key)
+    assert sorted(perm(i) for i in range(n)) == list(range(n))
+
+
+def test_epochs_and_seeds_give_different_orders():
+    n = 1000
+    orders = {tuple(GlobalSampler(n, seed)._permutation(epoch)(i) for i in range(n))
+              for seed in (1, 2) for epoch in (0, 1)}
+    assert len(orders) == 4
+    assert next(iter(orders)) != tuple(range(n))
+
+
+def _sampler_peak_bytes(n: int) -> int:
+    """Peak bytes allocated while a sampler starts at a late cursor and draws a few batches."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        s = GlobalSampler(n, seed=3, cursor=n // 2 + 17)
+        for _ in range(4):
+            s.next_batch(1, 2, 8)
+        s.load_state_dict({**s.state_dict(), "cursor": n + 5})  # a restart in the next epoch
+        s.next_batch(0, 2, 8)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_sampler_memory_does_not_grow_with_the_dataset():
+    small, huge = _sampler_peak_bytes(1_000), _sampler_peak_bytes(1_000_000_000)
+    assert huge < 2 * small + 4096, (small, huge)
+    assert huge < 64 * 1024  # nothing of dataset size: 1e9 int64 indices would be 8 GB
+
+
+def test_a_checkpoint_of_the_materialized_order_continues_in_that_order():
+    legacy_state = {"cursor": 10, "seed": 5, "num_samples": 50}  # written before "order" existed
+    s = GlobalSampler(50, 5)
+    s.load_state_dict(legacy_state)
+    assert s.state_dict()["order"] == LEGACY_ORDER
+    expected = np.random.default_rng([5, 0]).permutation(50)[10:14].tolist()
+    assert s.next_batch(0, 1, 4) == expected

@@ -1,0 +1,153 @@
+"""What the step loop reports and how it learns it: step figures read back from the device one
+step late, tokens/s and MFU, and the step log's window.
+
+Reading a step's figures must never stall the device nor block in CUDA holding the GIL, so
+everything here polls events and reads pinned host memory.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step's figures, on their way back from the device."""
+
+    step: int
+    lr: float
+    host: torch.Tensor                       # [loss, grad norm], filled once `end` completes
+    t0: float                                # host clock when the step began
+    start: Optional["torch.cuda.Event"] = None
+    end: Optional["torch.cuda.Event"] = None
+    dt: float = 0.0
+    stall: float = 0.0
+    indices: list = field(default_factory=list)
+
+    @property
+    def loss(self) -> float:
+        return float(self.host[0])
+
+    @property
+    def grad_norm(self) -> float:
+        return float(self.host[1])
+
+
+class StepReadback:
+    """Reads each step's loss and grad norm back one step late, off the critical path.
+
+    On a GPU the figures are copied into pinned host memory behind the step's work and an event
+    is recorded; they are read only after the next step has been queued, by polling that event
+    (`wait_for_device`), so the GPU never idles for the host and no thread blocks in CUDA
+    holding the GIL. dt of a step is the device time from the step's start marker (recorded
+    when the host began the step: data loading is included when the device is idle) to the
+    end of its work: steps queued back to back measure their own duration, never the host's
+    checkpoint stalls between them. On a CPU everything is synchronous and dt is wall time.
+    """
+
+    def __init__(self, device: torch.device,
+                 wait: Callable[[torch.device, "torch.cuda.Event"], None]):
+        self.device = device
+        self._wait = wait  # polls, never blocks in CUDA: see train.wait_for_device
+        self._queue: deque[StepRecord] = deque()
+
+    def begin(self, step: int, lr: float) -> StepRecord:
+        rec = StepRecord(step, lr, torch.empty(0), time.perf_counter())
+        if self.device.type == "cuda":
+            rec.start = torch.cuda.Event(enable_timing=True)
+            rec.start.record()
+        return rec
+
+    def queue(self, rec: StepRecord, stats: torch.Tensor) -> None:
+        if self.device.type == "cuda":
+            rec.host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            rec.host.copy_(stats, non_blocking=True)
+            rec.end = torch.cuda.Event(enable_timing=True)
+            rec.end.record()
+        else:
+            rec.host = stats
+            rec.dt = time.perf_counter() - rec.t0
+        self._queue.append(rec)
+
+    def ready(self, keep: int = 1) -> list[StepRecord]:
+        """Completed records, oldest first; on a GPU the newest `keep` stay in flight."""
+        if self.device.type != "cuda":
+            keep = 0
+        out = []
+        while len(self._queue) > keep:
+            rec = self._queue.popleft()
+            if rec.end is not None:
+                self._wait(self.device, rec.end)
+                rec.dt = rec.start.elapsed_time(rec.end) / 1000.0
+            out.append(rec)
+        return out
+
+
+class Throughput:
+    """Tokens/s and MFU. Model FLOPs per token: `model.flops_per_token`; peak: the device's
+    dense bf16 peak (`parallel.peak_flops`), None on CPUs, and then MFU is None too."""
+
+    def __init__(self, flops_per_token: int, peak: Optional[float], tokens_per_step: int,
+                 world_size: int, device_name: str = "cpu"):
+        self.flops_per_token, self.peak, self.device_name = flops_per_token, peak, device_name
+        self.tokens_per_step, self.world_size = tokens_per_step, world_size
+        self.step_times: list[float] = []
+
+    def per_gpu(self, tokens_per_second: float) -> float:
+        return tokens_per_second / self.world_size
+
+    def mfu_pct(self, tokens_per_second: float) -> Optional[float]:
+        if not self.peak:
+            return None
+        return 100.0 * self.per_gpu(tokens_per_second) * self.flops_per_token / self.peak
+
+    def add(self, dt: float) -> None:
+        self.step_times.append(dt)
+
+    def summary(self) -> dict:
+        """From the median step time of this attempt, its first step (warm-up, compilation)
+        left out: the steady state, without checkpoint stalls."""
+        times = self.step_times[1:] or self.step_times
+        dt = statistics.median(times) if times else None
+        tps = self.tokens_per_step / dt if dt else None
+        return {"tokens_per_step": self.tokens_per_step,
+                "tokens_per_second": tps,
+                "tokens_per_second_per_gpu": self.per_gpu(tps) if tps else None,
+                "flops_per_token": self.flops_per_token,
+                "device_name": self.device_name,
+                "peak_flops_per_gpu": self.peak,
+                "mfu_pct": self.mfu_pct(tps) if tps else None}
+
+
+class Window:
+    """What the step log shows: means over the steps since the last line, and wall-clock
+    throughput over the same span (so it includes checkpoint and snapshot stalls)."""
+
+    def __init__(self, t: float):
+        self.reset(t)
+
+    def reset(self, t: float) -> None:
+        self.t, self.steps, self.loss, self.grad_norm, self.stall, self.lr = t, 0, 0.0, 0.0, 0.0, 0.0
+
+    def add(self, rec: StepRecord) -> None:
+        self.steps += 1
+        self.loss += rec.loss
+        self.grad_norm += rec.grad_norm
+        self.stall += rec.stall
+        self.lr = rec.lr
+
+    def line(self, step: int, max_steps: int, perf: Throughput) -> str:
+        n = max(1, self.steps)
+        tps = perf.tokens_per_step * self.steps / max(time.perf_counter() - self.t, 1e-9)
+        mfu = perf.mfu_pct(tps)
+        return (f"step {step:>6}/{max_steps} | loss {self.loss / n:.4f} | "
+                f"grad norm {self.grad_norm / n:.3f} | lr {self.lr:.2e} | "
+                f"{tps:>10,.0f} tok/s ({perf.per_gpu(tps):,.0f}/gpu, with stalls) | "
+                + (f"MFU {mfu:.1f}% | " if mfu is not None else "")
+                + f"ckpt stall {self.stall:.3f} s")
