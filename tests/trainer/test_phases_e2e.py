@@ -27,7 +27,11 @@ def test_slow_startup_checkpoint_and_final_save_cost_no_restart(cache_dir, tmp_p
     ok(proc)
     res = results(run_dir)  # asserts restarts == 0
     assert res["steps_completed"] == 8
-    assert not [e for e in events(run_dir) if e["event"] == "abort"]
+    # No restart was even started: NVRx may still tear its process group down through the
+    # abort hook once the work is complete, so only aborts before the end count.
+    ev = events(run_dir)
+    end = max(e["t"] for e in ev if e["event"] == "train_end")
+    assert not [e for e in ev if e["event"] == "abort" and e["t"] < end]
 
 
 def test_reentry_interrupted_at_every_setup_point_recovers(cache_dir, reference, tmp_path):
