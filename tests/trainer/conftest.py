@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,3 +170,19 @@ def faults_fired(run_dir: Path) -> list[dict]:
 def first(es: list[dict], name: str, after: float = 0.0, rank: Optional[int] = None) -> Optional[dict]:
     return next((e for e in es if e["event"] == name and e["t"] >= after
                  and (rank is None or e["rank"] == rank)), None)
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-rank gloo process group in this process, for model and FSDP tests."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer.parallel import DistEnv
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield DistEnv(0, 1, 0, 1, torch.device("cpu"))
+    dist.destroy_process_group()

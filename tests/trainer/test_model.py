@@ -19,15 +19,6 @@ def test_preset_arithmetic_matches_transformers():
     assert preset_parameters("llama3.1-8b") == 8_030_261_248  # Meta's Llama 3.1 8B
 
 
-@pytest.fixture
-def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, 1, torch.device("cpu"))
-    dist.destroy_process_group()
-
 
 def test_weights_from_a_local_directory_are_loaded_exactly(tmp_path, one_rank_group):
     from transformers import LlamaForCausalLM

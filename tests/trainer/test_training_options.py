@@ -1,7 +1,6 @@
 """Speed options and the arithmetic around them: flags, FLOPs, weight decay groups, and per-layer
 activation checkpointing and compilation on a real (one-rank, gloo) FSDP2 model."""
 
-import socket
 import subprocess
 import sys
 
@@ -54,17 +53,6 @@ def test_flops_per_token_and_mfu_of_the_reference_run():
     assert 10.5 < perf.mfu_pct(26_600) < 11.5
     assert Throughput(1, None, 1, 1).mfu_pct(1000.0) is None  # CPUs: no made-up peak
 
-
-@pytest.fixture(scope="module")
-def one_rank_group():
-    from trainer.parallel import DistEnv
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, 1, torch.device("cpu"))
-    dist.destroy_process_group()
 
 
 def _grads(env, **options):
