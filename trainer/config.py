@@ -355,12 +355,15 @@ def check_environment(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "python -m trainer") -> TrainConfig:
-    """Parse and validate; on a bad value print one line and exit 2."""
+def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "python -m trainer",
+               environment: bool = True) -> TrainConfig:
+    """Parse and validate (and, unless told not to, check the data and directories of this
+    machine); on a bad value print one line and exit 2."""
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
     cfg = TrainConfig(**vars(ns))
     try:
-        return check_environment(validate(cfg))
+        cfg = validate(cfg)
+        return check_environment(cfg) if environment else cfg
     except ConfigError as exc:
         parser.error(str(exc))

@@ -24,7 +24,7 @@ def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
     assert (spec.mode, spec.node_rank, spec.master_addr) == (dep.mode, int(last_rank), dep.master_addr)
     assert (spec.nnodes, spec.nproc_per_node) == (dep.profile.node_count, dep.instance.gpus)
     assert spec.max_restarts == commands.restarts_for(dep)
-    cfg = parse_args([*trainer_args, "--mode", spec.mode])
+    cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)  # FSx is not here
     assert cfg.checkpoint_dir == dep.checkpoint_dir
     assert cfg.results_path == dep.results_path
     assert cfg.nccl_timeout == dep.profile.recovery.nccl_timeout_s
