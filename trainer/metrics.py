@@ -75,6 +75,14 @@ class StepReadback:
             rec.dt = time.perf_counter() - rec.t0
         self._queue.append(rec)
 
+    def settle(self) -> list[StepRecord]:
+        """Wait until every queued step's figures are on the host, without taking them from the
+        queue: a durable save checks them first, `ready` still reports them in order."""
+        for rec in self._queue:
+            if rec.end is not None:
+                self._wait(self.device, rec.end)
+        return list(self._queue)
+
     def ready(self, keep: int = 1) -> list[StepRecord]:
         """Completed records, oldest first; on a GPU the newest `keep` stay in flight."""
         if self.device.type != "cuda":

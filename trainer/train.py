@@ -252,11 +252,14 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         # The newest loss already on the host (on a GPU, one step older than the state).
         return _meta(at_step, sampler, env, hooks, last_loss, global_batch)
 
-    def report(rec: StepRecord) -> None:
-        nonlocal last_loss
+    def verify(rec: StepRecord) -> None:
         if not (math.isfinite(rec.loss) and math.isfinite(rec.grad_norm)):
             keeper.discard_snapshots_from(rec.step)  # never a resume point
             check_finite(rec.step, rec.loss, rec.grad_norm)
+
+    def report(rec: StepRecord) -> None:
+        nonlocal last_loss
+        verify(rec)
         last_loss = rec.loss
         perf.add(rec.dt)
         if env.rank == 0:
@@ -291,8 +294,8 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         hooks.steps_done += 1
         hooks.alive()
         if keeper.saves_durably(step):  # only verified steps reach the durable tier
-            for done in readback.ready(keep=0):
-                report(done)
+            for pending in readback.settle():
+                verify(pending)
         rec.stall = keeper.after_step(step, model, optimizer, state_meta)
         for done in readback.ready():  # on a GPU: the previous step, while this one runs
             report(done)

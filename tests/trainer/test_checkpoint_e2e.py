@@ -31,6 +31,11 @@ def test_sigkill_midway_then_resume_matches_uninterrupted(cache_dir, reference, 
     assert load and 2 * INTERVAL <= load["step"] < STEPS
     # The data position survived: every step's samples, per rank, equal the uninterrupted run's.
     assert samples_by_step(run_dir) == samples_by_step(ref["run_dir"])
+    # Each checkpoint step reports the time the loop spent on its checkpoint.
+    ev = events(run_dir)
+    saved = {e["step"] for e in ev if e["event"] == "ckpt_save" and e["rank"] == 0 and not e["final"]}
+    stalls = {e["step"]: e["stall"] for e in ev if e["event"] == "step" and e["step"] in saved}
+    assert saved and all(stall > 0 for stall in stalls.values())
 
 
 def test_sigkill_during_a_write_resumes_from_the_previous_checkpoint(cache_dir, reference, tmp_path,
