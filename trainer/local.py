@@ -141,11 +141,8 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
         failed = None
         try:
             while True:
-                if final.exists():  # a rank met an error no restart can fix (trainer.launch)
-                    _stop(procs)
-                    print(f"trainer.local: error: mode {args.mode} stopped: "
-                          f"{final.read_text().strip()}", file=sys.stderr)
-                    return 2
+                if final.exists():
+                    break
                 codes = [p.poll() for p in procs]
                 failed = next((p for p, c in zip(procs, codes) if c not in (None, 0)), None)
                 if failed is not None or all(c == 0 for c in codes):
@@ -160,14 +157,15 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
             _stop(procs)
             print("trainer.local: interrupted; the launchers were stopped", file=sys.stderr)
             return 130
+        if final.exists():  # a rank met an error no restart can fix (trainer.launch)
+            _stop(procs)
+            print(f"trainer.local: error: mode {args.mode} stopped: {final.read_text().strip()}",
+                  file=sys.stderr)
+            return 2
         if failed is None:
             return 0
         events.emit("worker_failed", sync=True, attempt=attempt, exit_code=failed.returncode)
         _stop(procs)
-        if final.exists():
-            print(f"trainer.local: error: mode {args.mode} stopped: {final.read_text().strip()}",
-                  file=sys.stderr)
-            return 2
         if failed.returncode == 2:  # a setting no restart can fix
             print(f"trainer.local: error: mode {args.mode} stopped: {_cause(events.path)}",
                   file=sys.stderr)
