@@ -28,3 +28,17 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def create_json_exclusive(path: Path, data: object) -> bool:
+    """Create `path` complete with `data`, only if it does not exist yet (across processes and
+    hosts sharing the file system); False if another writer created it first."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    try:
+        os.link(tmp, path)  # atomic, and the file is complete when it appears
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)

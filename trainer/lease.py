@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
-from trainer.atomic import write_json_atomic
+from trainer.atomic import create_json_exclusive, write_json_atomic
 from trainer.config import FinalError
 
 RUN_FILE = "RUN.json"
@@ -49,14 +49,7 @@ def lineage_id(checkpoint_dir: str | Path) -> str:
         if found is not None:
             return found["lineage"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{RUN_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"lineage": uuid.uuid4().hex, "created_at": time.time()}))
-        try:
-            os.link(tmp, path)  # atomic and complete: fails if another rank created it first
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
+        create_json_exclusive(path, {"lineage": uuid.uuid4().hex, "created_at": time.time()})
     raise RuntimeError(f"{path} exists but cannot be read")
 
 
@@ -110,14 +103,8 @@ class Lease:
                       f"it is no longer alive (host {holder.get('host')}, pids {holder.get('pids')})")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if holder is None:  # two runs starting at once: exactly one creates the file
-            tmp = self.path.with_name(f".{LEASE_FILE}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self._mine()))
-            try:
-                os.link(tmp, self.path)
-            except FileExistsError:
+            if not create_json_exclusive(self.path, self._mine()):
                 return self.acquire()
-            finally:
-                tmp.unlink(missing_ok=True)
         else:
             write_json_atomic(self.path, self._mine())
         self._renewed = time.monotonic()
