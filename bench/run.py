@@ -140,19 +140,39 @@ def _model_args(model: str, batch: int, seq: int, data: Optional[str]) -> list[s
     return a + (["--data_path", data] if data else [])
 
 
+def _no_checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
+                   data: Optional[str]) -> dict:
+    """The reference for honest efficiency: the same run with no checkpoint and no snapshot."""
+    name = f"ckpt-none-{steps}steps"
+    return _train(name, out, "baseline", nproc, [*_model_args(model, batch, seq, data),
+                  "--max_steps", str(steps), "--checkpoint_interval", "0"], timeout=240)
+
+
+def _versus(run: dict, reference: dict) -> dict:
+    """Throughput relative to the run without checkpoints: slower steps overlapping a
+    background write count here, which blocking-based efficiency leaves out."""
+    if run.get("loop_step_seconds") and reference.get("loop_step_seconds"):
+        run["throughput_vs_no_checkpoint_pct"] = \
+            100.0 * reference["loop_step_seconds"] / run["loop_step_seconds"]
+    return run
+
+
 def checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, intervals: list[int],
                data: Optional[str]) -> dict:
-    """Sync vs async at each interval (about 1x and 10x the write time), plus snapshots of
-    every step. The 1x regime runs two intervals; the 10x one a single interval and a short tail,
-    enough to see one checkpoint's cost at steady state."""
+    """Sync vs async at each interval (about 1x and 10x the write time), each beside a run
+    without checkpoints. The 1x regime runs two intervals; the 10x one a single interval and a
+    short tail, enough to see one checkpoint's cost at steady state."""
     base = _model_args(model, batch, seq, data)
     res: dict = {}
     for interval, steps in ((intervals[0], 2 * intervals[0]), (intervals[1], intervals[1] + 30)):
+        ref = res[f"ckpt-none-{steps}steps"] = _no_checkpoint(out, model, nproc, batch, seq,
+                                                             steps, data)
         for kind in ("async", "sync"):
             name = f"ckpt-{kind}-every{interval}"
-            res[name] = _train(name, out, "baseline", nproc, [
+            res[name] = _versus(_train(name, out, "baseline", nproc, [
                 *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
-                "--use_async_checkpoint", "true" if kind == "async" else "false"], timeout=240)
+                "--use_async_checkpoint", "true" if kind == "async" else "false"], timeout=240),
+                ref)
             _save(out, "checkpoint", res)
     return res
 
@@ -161,10 +181,11 @@ def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int
           data: Optional[str]) -> dict:
     """Snapshots of every step (memory and node tiers) with durable checkpoints at `interval`."""
     base = _model_args(model, batch, seq, data)
-    name = f"ckpt-tiers-every{interval}"
-    res = {name: _train(name, out, "baseline", nproc, [
-        *base, "--max_steps", str(int(1.5 * interval)), "--checkpoint_interval", str(interval),
-        "--tiers", "memory,node", "--snapshot_interval", "1"], timeout=200)}
+    name, steps = f"ckpt-tiers-every{interval}", int(1.5 * interval)
+    ref = _no_checkpoint(out, model, nproc, batch, seq, steps, data)
+    res = {ref["name"]: ref, name: _versus(_train(name, out, "baseline", nproc, [
+        *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
+        "--tiers", "memory,node", "--snapshot_interval", "1"], timeout=200), ref)}
     _save(out, "tiers", res)
     return res
 
@@ -192,13 +213,15 @@ def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[
 
 
 def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
-              modes: list[str], data: Optional[str], deterministic: bool, timeout: float) -> dict:
+              modes: list[str], data: Optional[str], deterministic: bool, timeout: float,
+              determinism_cost: bool = False) -> dict:
     """The recovery runs' settings without faults: every mode must finish with 0 restarts, and
-    in deterministic mode with one param_sha256 (the one the faulted runs must match). A
-    baseline run with deterministic mode flipped gives its step-time cost side by side."""
+    in deterministic mode with one param_sha256 (the one the faulted runs must match). With
+    `determinism_cost`, a baseline run with deterministic mode flipped gives its step-time
+    cost side by side."""
     res = {}
     runs = [(mode, deterministic) for mode in modes]
-    if "baseline" in modes:
+    if "baseline" in modes and determinism_cost:
         runs.append(("baseline", not deterministic))
     for mode, det in runs:
         name = f"faultfree-{mode.replace('+', '-')}" + ("-det" if det else "")
@@ -267,6 +290,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")
     p.add_argument("--deterministic", action="store_true",
                    help="recovery and fault-free runs in deterministic mode: hashes comparable")
+    p.add_argument("--determinism_cost", action="store_true",
+                   help="faultfree: also a baseline run with --deterministic flipped")
     p.add_argument("--run_timeout", type=float, default=400,
                    help="seconds one recovery or fault-free run may take")
     a = p.parse_args(argv)
@@ -280,7 +305,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    [int(x) for x in a.intervals.split(",")], a.data_path)
     if a.what == "faultfree":
         faultfree(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
-                  a.modes.split(","), a.data_path, a.deterministic, a.run_timeout)
+                  a.modes.split(","), a.data_path, a.deterministic, a.run_timeout,
+                  a.determinism_cost)
     if a.what in ("recovery", "all"):
         recovery(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
                  a.modes.split(","), a.data_path, a.deterministic, a.run_timeout)

@@ -37,6 +37,23 @@ def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) 
     return results
 
 
+def exit_now(hooks) -> None:
+    """End a failed rank at once, so the launcher restarts the workers in seconds.
+
+    An orderly exit would tear down the process group while the other ranks wait in a
+    collective for this one: it blocks until the launcher's heartbeat timeout or the collective
+    timeout kills them. Nothing an orderly exit does is needed for a correct restart: snapshot
+    copies that have landed are committed first, a checkpoint being written never becomes
+    visible, and the background writer dies with its parent.
+    """
+    from trainer.recovery import StateKeeper
+
+    StateKeeper.abandon(hooks.keep)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args(argv)
     from trainer.events import EventLog
@@ -86,6 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         events.emit("error", type=type(exc).__name__, message=str(exc)[:500], sync=True)
         print(f"rank {env.rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         traceback.print_exc()
+        if not cfg.inprocess:  # the launcher restarts the workers: leave now, see exit_now
+            exit_now(hooks)
         return 1
     except BaseException as exc:  # NVRx's RestartAbort: in-process restarts ended the job
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):

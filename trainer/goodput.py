@@ -14,6 +14,9 @@ Definitions (also in the README):
 - training_efficiency_pct = 100 * (1 - B / (S + B)), the share of the training loop's time not
   blocked by checkpointing: B = seconds the loop spent after its steps taking snapshots and
   checkpoints, S = the sum of step times.
+- loop_step_seconds: mean step time plus stall over the steps (each attempt's first left out).
+  It counts what blocking leaves out, steps slowed by a background write; the benchmark
+  divides a run without checkpoints' figure by it (throughput_vs_no_checkpoint_pct).
   The save at the end of training and the final wait for the last background write are reported
   apart (checkpoint.final_seconds): they end a run, they do not slow its steady state.
 """
@@ -29,6 +32,7 @@ _PHASES = (("detected", ("abort", "worker_failed")),
            ("imported", ("imported",)),
            ("pg_ready", ("pg_ready",)),
            ("model_ready", ("model_ready",)),
+           ("buffers_ready", ("buffers_ready",)),
            ("loaded", ("ckpt_load", "snapshot_load", "train_start")))
 
 
@@ -101,6 +105,7 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
         e["seconds"] for e in events if e["event"] == "ckpt_drain" and e["rank"] == 0)
     stalls = sum(s.get("stall", 0.0) for s in steps)
     loop_s = sum(s["dt"] for s in steps) + stalls
+    steady_loop = [s["dt"] + s.get("stall", 0.0) for s in steps if s["step"] not in first_steps]
     writes = [e["write_s"] for e in events if e["event"] == "ckpt_commit"]
     recoveries = [f["recovery_seconds"] for f in faults if f["recovery_seconds"] is not None]
     return {
@@ -110,6 +115,7 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
         "step_time_seconds": step_time,
         "useful_steps": useful_steps,
         "training_efficiency_pct": 100.0 * (1.0 - stalls / loop_s) if loop_s else None,
+        "loop_step_seconds": statistics.fmean(steady_loop) if steady_loop else None,
         "training_goodput_pct": 100.0 * useful_steps * step_time / wall,
         "infra_goodput_pct": 100.0 * (wall - downtime) / wall,
         "recovery_seconds_mean": statistics.fmean(recoveries) if recoveries else None,

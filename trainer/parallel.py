@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from trainer.state import _row_range
+from trainer.state import row_range
 
 FULL_INIT_MAX_BYTES = 4 << 30  # above this, presets are initialized shard by shard on the device
 
@@ -150,22 +150,17 @@ def checkpointed_layers(mode: str, layers: int) -> list[bool]:
 
 def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
                         compile: bool = False, activation_checkpointing: str = "none",
-                        full_init_max_bytes: int = FULL_INIT_MAX_BYTES) -> torch.nn.Module:
+                        full_init_max_bytes: int = FULL_INIT_MAX_BYTES,
+                        initialize: bool = True) -> torch.nn.Module:
     """Shard a LlamaForCausalLM over all ranks and put its local shards on the device.
 
-    The model is built on the meta device and sharded first. Small presets are then built whole
-    on the CPU and each rank copies its rows (HF's own init). Larger presets are initialized
-    row block by row block (`_init_rows_`), and a Hugging Face directory is read row range by
-    row range from its safetensors files: no rank ever holds the whole, and the result is the
-    same at every world size.
+    The model is built on the meta device and sharded first, then its local shards are
+    allocated. With `initialize=False` the weights stay uninitialized, for a caller that
+    restores them (a restart must not pay for a random init that the restore overwrites) or
+    calls `initialize_weights` once it knows nothing is to be restored.
     """
-    from trainer.model import PRESETS, SafetensorsRows, build_model, weights_dir
+    from trainer.model import build_model
 
-    full, source = None, None
-    if ref in PRESETS and param_bytes <= full_init_max_bytes:
-        full = dict(build_model(ref, seed, "cpu").named_parameters())
-    elif ref not in PRESETS:
-        source = SafetensorsRows(weights_dir(ref))
     model = build_model(ref, seed, "meta")
     layers = list(model.model.layers)
     for layer, ckpt in zip(layers, checkpointed_layers(activation_checkpointing, len(layers))):
@@ -178,17 +173,6 @@ def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
     fully_shard(model, mp_policy=mp)
     model.to_empty(device=env.device)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            local = p.to_local() if isinstance(p, DTensor) else p
-            start, rows = _row_range(p)
-            if full is not None:
-                local.copy_(full[name] if p.dim() == 0 else full[name][start:start + rows])
-            elif source is not None:
-                local.copy_(source.rows(name, start, rows))
-            else:
-                _init_rows_(name, local, seed, start, p.shape[0] if p.dim() else 0)
-        if source is not None:
-            source.close()
         # Buffers that are not parameters (rotary frequencies) stayed uninitialized on the
         # meta device: rebuild those modules on the CPU and move their buffers over.
         for mod in model.modules():
@@ -197,7 +181,38 @@ def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
                 for bname, buf in fresh.named_buffers(recurse=False):
                     setattr(mod, bname, buf.to(env.device))
                 mod.attention_scaling = fresh.attention_scaling
+    if initialize:
+        initialize_weights(model, ref, seed, param_bytes, full_init_max_bytes)
     return model.train()
+
+
+@torch.no_grad()
+def initialize_weights(model: torch.nn.Module, ref: str, seed: int, param_bytes: int,
+                       full_init_max_bytes: int = FULL_INIT_MAX_BYTES) -> None:
+    """Fill the local shards: small presets are built whole on the CPU and each rank copies its
+    rows (HF's own init); larger presets are initialized row block by row block
+    (`_init_rows_`), and a Hugging Face directory is read row range by row range from its
+    safetensors files. No rank ever holds a large model whole, and the result is the same at
+    every world size.
+    """
+    from trainer.model import PRESETS, SafetensorsRows, build_model, weights_dir
+
+    full, source = None, None
+    if ref in PRESETS and param_bytes <= full_init_max_bytes:
+        full = dict(build_model(ref, seed, "cpu").named_parameters())
+    elif ref not in PRESETS:
+        source = SafetensorsRows(weights_dir(ref))
+    for name, p in model.named_parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        start, rows = row_range(p)
+        if full is not None:
+            local.copy_(full[name] if p.dim() == 0 else full[name][start:start + rows])
+        elif source is not None:
+            local.copy_(source.rows(name, start, rows))
+        else:
+            _init_rows_(name, local, seed, start, p.shape[0] if p.dim() else 0)
+    if source is not None:
+        source.close()
 
 
 @torch.no_grad()

@@ -193,6 +193,16 @@ class StateKeeper:
         if keep.get("lease") is not None and not failed:
             keep["lease"].release()
 
+    @staticmethod
+    def abandon(keep: dict, wait_s: float = 2.0) -> None:
+        """A failed process that exits without tearing down: snapshot copies that land within
+        `wait_s` are committed (the newest state survives for the node tier), the writer is
+        killed. Nothing waits on another rank."""
+        if keep.get("snap") is not None:
+            keep["snap"].commit_landed(wait_s)
+        if keep.get("ckpt") is not None:
+            keep["ckpt"].close(abort=True)
+
     def stats(self) -> dict:
         out = {}
         if self.ckpt is not None:

@@ -240,6 +240,18 @@ class Snapshotter:
                 continue
             self._commit_pending(slot, pending)
 
+    def commit_landed(self, wait_s: float) -> None:
+        """Commit every copy that lands within `wait_s` (a failed process about to exit)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.poll()
+            except RuntimeError:  # a broken CUDA context: nothing more will land
+                return
+            if all(s.pending is None for s in self.slots) or time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
+
     def discard_from(self, step: int) -> None:
         """Invalidate this rank's snapshots of `step` and later (copies in flight included)."""
         self.poll(wait=True)
@@ -396,8 +408,8 @@ class Snapshotter:
         if mine == self.rank:
             entry = inventories[self.rank][self.rank][step]
             own = next((s for s in self.slots if s.step == step), None)
-            if own is not None and not fresh:
-                flat, tier = own.buffer.flat, "memory"
+            if own is not None:  # the mapped, pinned slot: read at host-to-device speed
+                flat, tier = own.buffer.flat, ("node" if fresh else "memory")
             else:
                 flat, tier = self._map(entry), ("peer" if entry["replica"] else "node")
             meta = entry["meta"]

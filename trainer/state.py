@@ -22,7 +22,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _row_range(p: torch.Tensor) -> tuple[int, int]:
+def row_range(p: torch.Tensor) -> tuple[int, int]:
     """(first global row, row count) of this rank's shard of `p` along dim 0."""
     if p.dim() == 0:
         return 0, 0
@@ -61,7 +61,7 @@ def shard_layout(model: torch.nn.Module) -> dict[str, dict]:
     """Per parameter: global shape, dtype and the rows this rank holds."""
     out = {}
     for name, p in model.named_parameters():
-        start, rows = _row_range(p)
+        start, rows = row_range(p)
         out[name] = {"shape": list(p.shape), "dtype": dtype_name(p.dtype), "row_start": start,
                      "rows": rows}
     return out
@@ -72,7 +72,7 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """Fill this rank's state from saved shards (tensors, layout) of any world size."""
     ensure_optimizer_state(model, optimizer)
     shards = list(shards)
-    mine = {name: (p, _row_range(p)) for name, p in model.named_parameters()}
+    mine = {name: (p, row_range(p)) for name, p in model.named_parameters()}
     with torch.no_grad():
         for name, (p, (start, rows)) in mine.items():
             st = optimizer.state[p]
@@ -95,8 +95,8 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     src = tensors[src_name]
                     if p.dim() == 0:
                         dst.copy_(src)
-                    else:
-                        dst[lo - start:hi - start].copy_(src[lo - s0:hi - s0])
+                    else:  # from pinned memory: queued, overlapping the next copies
+                        dst[lo - start:hi - start].copy_(src[lo - s0:hi - s0], non_blocking=True)
                 st["step"].copy_(tensors[f"optim/{name}/step"])
                 filled += (hi - lo)
                 if p.dim() == 0:
@@ -104,3 +104,5 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             if p.dim() > 0 and filled != rows:
                 raise ValueError(f"checkpoint covers {filled} of the {rows} rows of {name} "
                                  "this rank needs: shards are missing")
+    if any(p.is_cuda for p, _ in mine.values()):
+        torch.cuda.synchronize()  # the sources may be unmapped or reused once this returns

@@ -27,7 +27,7 @@ from trainer.events import EventLog
 from trainer.faults import FaultInjector, at_point, schedule
 from trainer.metrics import StepReadback, StepRecord, Throughput, Window
 from trainer.parallel import (DistEnv, build_sharded_model, device_name, full_param_sha256,
-                              init_process_group, peak_flops)
+                              init_process_group, initialize_weights, peak_flops)
 from trainer.phases import run_phase, settle as settle_phases
 from trainer.recovery import StateKeeper
 from trainer.state import ensure_optimizer_state
@@ -184,7 +184,8 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
                          f"{cfg.model} has a vocabulary of {model_config.vocab_size}")
     n_params = parameter_count(cfg.model)
     model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4, compile=cfg.compile,
-                                activation_checkpointing=cfg.activation_checkpointing)
+                                activation_checkpointing=cfg.activation_checkpointing,
+                                initialize=False)  # a restore would overwrite the init
     optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr,
                                   betas=(0.9, 0.95), eps=1e-8)
     ensure_optimizer_state(model, optimizer)
@@ -195,7 +196,10 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     keeper = StateKeeper(cfg, env, events, hooks.keep, hooks.alive, log)
     keeper.prepare(model, optimizer)
     point("buffers")
+    events.emit("buffers_ready", iteration=hooks.iteration)
     meta = keeper.restore(model, optimizer)
+    if meta is None:
+        initialize_weights(model, cfg.model, cfg.seed, n_params * 4)
     point("restore")
     return data, model_config, model, optimizer, keeper, meta
 
