@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.events import EventLog
+from trainer.phases import injected_delay
 from trainer.staging import HostBuffer, Layout
 from trainer.state import local_tensors, restore, shard_layout
 from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
@@ -63,6 +65,8 @@ class CheckpointManager:
         self._in_flight: Optional[tuple[int, float, str]] = None  # (step, submitted at, buffer)
         self._landing: Optional[int] = None  # async: the step last written, until committed
         self._uncommitted: list[int] = []  # rank 0: steps waiting for every rank's marker
+        self._committing: Optional[threading.Thread] = None  # rank 0: a commit being published
+        self._commit_error: Optional[Exception] = None
         self.last_saved_step = -1
         self.keepalive: Callable[[], None] = lambda: None
         self._on_written: Optional[Callable[[], None]] = None
@@ -191,19 +195,48 @@ class CheckpointManager:
             else:
                 self._check_writer()
         if self.rank == 0:
-            self._commit_ready()
+            self._commit_ready(background=True)
 
-    def _commit_ready(self) -> None:
+    def _commit_ready(self, background: bool = False) -> None:
+        """Commit, in step order, every checkpoint whose shards have all landed.
+
+        In `background`, the publishing (fsyncs, and pruning gigabytes of old shards) runs on a
+        thread: on a disk still busy with the writers it takes seconds, which the training loop
+        must not spend (NVRx's progress timeouts would fire on every rank). Otherwise it waits
+        for that thread first, so the caller sees everything committed that can be."""
+        if self._committing is not None:
+            if background and self._committing.is_alive():
+                return
+            self._committing.join()
+            error, self._commit_error = self._commit_error, None
+            self._committing = None
+            if error is not None:
+                raise error
         while self._uncommitted:
             step = self._uncommitted[0]
             markers = self.store.ready_markers(step, self.world_size)
             if markers is None:
                 return
-            self.store.commit(step, markers, {})
             self._uncommitted.pop(0)
-            self.events.emit("ckpt_commit", step=step,
-                             write_s=max(m["write_seconds"] for m in markers),
-                             bytes=sum(m["bytes"] for m in markers))
+            if not background:
+                self._publish(step, markers)
+                continue
+            self._committing = threading.Thread(target=self._publish_caught, args=(step, markers),
+                                                daemon=True, name="checkpoint-commit")
+            self._committing.start()
+            return
+
+    def _publish(self, step: int, markers: list[dict]) -> None:
+        time.sleep(injected_delay("commit"))
+        self.store.commit(step, markers, {})
+        self.events.emit("ckpt_commit", step=step, write_s=max(m["write_seconds"] for m in markers),
+                         bytes=sum(m["bytes"] for m in markers))
+
+    def _publish_caught(self, step: int, markers: list[dict]) -> None:
+        try:
+            self._publish(step, markers)
+        except Exception as exc:  # raised on the training thread by the next _commit_ready
+            self._commit_error = exc
 
     def wait_for_writer(self) -> None:
         """Block until this rank's background write is done (watched, never forever)."""
@@ -258,6 +291,8 @@ class CheckpointManager:
         self.events.emit("ckpt_drain", seconds=time.perf_counter() - t0)
 
     def close(self, abort: bool = False) -> None:
+        if self._committing is not None and not abort:
+            self._committing.join()
         if self._writer is not None:
             self._writer.close(abort=abort)
             self._writer = None

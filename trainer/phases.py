@@ -23,7 +23,7 @@ import torch
 
 T = TypeVar("T")
 
-SLOW_PHASE_ENV = "NVRX_EKS_SLOW_PHASE"  # test hook: "startup=8,checkpoint=8,final=8" (seconds)
+SLOW_PHASE_ENV = "NVRX_EKS_SLOW_PHASE"  # test hook: "startup=8,checkpoint=8,final=8,commit=8" (s)
 _POLL_S = 0.05
 
 _running: Optional[threading.Thread] = None  # the phase thread of this process, if any
@@ -33,7 +33,8 @@ class PhaseTimeout(RuntimeError):
     """A phase outlasted its bound. No restart can fix it: the job ends with this message."""
 
 
-def _slow(name: str) -> float:
+def injected_delay(name: str) -> float:
+    """Seconds the test hook adds to phase (or background step) `name`."""
     for part in os.environ.get(SLOW_PHASE_ENV, "").split(","):
         key, _, seconds = part.partition("=")
         if key.strip() == name:
@@ -72,7 +73,7 @@ def run_phase(name: str, fn: Callable[[], T], bound_s: float, keepalive: Callabl
         try:
             if device is not None and device.type == "cuda":
                 torch.cuda.set_device(device)  # the current device is per thread
-            delay = _slow(name)
+            delay = injected_delay(name)
             if delay:
                 time.sleep(delay)
             box["value"] = fn()
