@@ -244,14 +244,26 @@ def recovery(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int
     return res
 
 
-def _save(out: Path, name: str, data: dict) -> None:
-    import torch
+_MACHINE: dict = {}
 
-    meta = {"torch": torch.__version__, "cuda": torch.version.cuda,
+
+def _machine() -> dict:
+    """Read once, before the first run: importing torch and querying CUDA takes seconds, which a
+    save at the end of a time-limited call may not have."""
+    if not _MACHINE:
+        import torch
+
+        _MACHINE.update({
+            "torch": torch.__version__, "cuda": torch.version.cuda,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "nvrx": _version("nvidia-resiliency-ext"), "transformers": _version("transformers"),
-            "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+            "cpus": os.cpu_count()})
+    return _MACHINE
+
+
+def _save(out: Path, name: str, data: dict) -> None:
+    meta = {**_machine(), "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     (out / f"{name}.json").write_text(json.dumps({"machine": meta, "results": data}, indent=1))
 
 
@@ -298,6 +310,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     global DEVICE
     DEVICE = a.device
     a.out.mkdir(parents=True, exist_ok=True)
+    _machine()
     if a.what in ("floors", "all"):
         print("floors:", floors(a.out, a.nproc), flush=True)
     if a.what in ("checkpoint", "all"):
