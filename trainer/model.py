@@ -58,6 +58,17 @@ def llama_config(ref: str):
     return AutoConfig.from_pretrained(ref, local_files_only=os.path.isdir(ref))
 
 
+def preload() -> None:
+    """Import the model code (2-3 s for transformers' LLaMA) on a thread, while the process
+    group forms: a restarted worker reaches its first step that much sooner."""
+    import threading
+
+    def load() -> None:
+        from transformers import LlamaForCausalLM  # noqa: F401
+
+    threading.Thread(target=load, name="preload-model", daemon=True).start()
+
+
 def build_model(ref: str, seed: int, device: "torch.device | str" = "cpu"):
     """A LlamaForCausalLM in fp32 in training mode: random init for presets, the architecture
     alone for a directory or hub id (weights are loaded shard by shard, `load_rows`).

@@ -173,6 +173,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     rank can get. (The process group too: its rendezvous waits for the slowest rank.)"""
     init_process_group(env, cfg.collective_timeout(env.device.type), hooks.store)
     events.emit("pg_ready", iteration=hooks.iteration)
+    t0 = time.perf_counter()
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)
     from trainer.model import llama_config, optimizer_groups, parameter_count
 
@@ -186,17 +187,21 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4, compile=cfg.compile,
                                 activation_checkpointing=cfg.activation_checkpointing,
                                 initialize=False)  # a restore would overwrite the init
+    t1 = time.perf_counter()
     optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr,
                                   betas=(0.9, 0.95), eps=1e-8)
     ensure_optimizer_state(model, optimizer)
-    events.emit("model_ready", params=n_params, iteration=hooks.iteration)
+    events.emit("model_ready", params=n_params, iteration=hooks.iteration, model_s=t1 - t0,
+                optimizer_s=time.perf_counter() - t1)
     point = partial(at_point, step=-1, rank=env.rank, record_dir=cfg.checkpoint_dir, events=events,
                     attempt=hooks.iteration)
     point("model")
+    t0 = time.perf_counter()
     keeper = StateKeeper(cfg, env, events, hooks.keep, hooks.alive, log)
-    keeper.prepare(model, optimizer)
+    keeper_s = time.perf_counter() - t0
+    seconds = keeper.prepare(model, optimizer)
     point("buffers")
-    events.emit("buffers_ready", iteration=hooks.iteration)
+    events.emit("buffers_ready", iteration=hooks.iteration, keeper_s=keeper_s, **seconds)
     meta = keeper.restore(model, optimizer)
     if meta is None:
         initialize_weights(model, cfg.model, cfg.seed, n_params * 4)
