@@ -24,7 +24,7 @@ from trainer.phases import injected_delay
 from trainer.staging import HostBuffer, Layout
 from trainer.state import local_tensors, restore, shard_layout
 from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
-                           StorageError, error_file, step_dir_name, write_shard)
+                           MANIFEST, StorageError, error_file, step_dir_name, write_shard)
 
 
 def _warm_up(_: object) -> None:
@@ -152,8 +152,21 @@ class CheckpointManager:
             if self._uncommitted:
                 raise CheckpointError(f"checkpoint step {self._uncommitted[0]}: every rank's write "
                                       "finished, but not every marker checks out; not committed")
-        dist.barrier()
+        self._await_committed(self._landing)
         self._landing = None
+
+    def _await_committed(self, step: int) -> None:
+        """Wait for rank 0 to publish `step` by watching for its manifest, not in a collective:
+        publishing to a busy disk can outlast the collective timeout. Bounded by the checkpoint
+        timeout; should rank 0 fail instead, the restart that follows ends this wait."""
+        manifest = self.store.root / step_dir_name(step) / MANIFEST
+        deadline = time.time() + self.timeout_s
+        while not manifest.is_file():
+            if time.time() > deadline:
+                raise CheckpointError(f"checkpoint step {step} was not committed within "
+                                      f"{self.timeout_s:g} s (--checkpoint_timeout)")
+            self.keepalive()
+            time.sleep(0.01)
 
     def _release_source(self) -> None:
         if self._on_written:
@@ -280,14 +293,15 @@ class CheckpointManager:
         self.wait_for_writer()
         dist.barrier()
         deadline = time.time() + self.timeout_s
-        while self.rank == 0 and self._uncommitted:
-            self._commit_ready()
-            if self._uncommitted:
-                if time.time() > deadline:
-                    raise CheckpointError(f"checkpoint step {self._uncommitted[0]} never got "
-                                          "every rank's marker; it is not committed")
-                self.keepalive()
-                time.sleep(0.05)
+        while self.rank == 0:
+            self._commit_ready()  # also waits for a publish in the background to end
+            if not self._uncommitted:
+                break
+            if time.time() > deadline:
+                raise CheckpointError(f"checkpoint step {self._uncommitted[0]} never got "
+                                      "every rank's marker; it is not committed")
+            self.keepalive()
+            time.sleep(0.05)
         self.events.emit("ckpt_drain", seconds=time.perf_counter() - t0)
 
     def close(self, abort: bool = False) -> None:

@@ -312,9 +312,12 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         report(done)
 
     def finish() -> dict:
+        # The hash's all-gathers come first: in keeper.finish, rank 0 publishes the final
+        # checkpoint after the last collective, so no rank waits for that in a collective.
+        param_sha256 = full_param_sha256(model)
         keeper.finish(step, model, optimizer, state_meta)
         return {"steps_completed": step, "final_loss": last_loss,
-                "param_sha256": full_param_sha256(model), "global_batch_size": global_batch,
+                "param_sha256": param_sha256, "global_batch_size": global_batch,
                 "accumulation_steps": accum, **perf.summary(), **keeper.stats()}
 
     summary = hooks.phase("final", finish, cfg.checkpoint_timeout + cfg.startup_timeout, env.device)

@@ -28,7 +28,8 @@ def test_one_fault_timeline():
     assert f["steps_lost"] == 3  # steps 4, 5, 6 were trained twice
     assert f["recovery_seconds"] == pytest.approx(12.0 - 8.5)
     assert f["breakdown_seconds"] == {"detected": 1.0, "restarted": 1.5, "imported": None,
-                                      "pg_ready": 2.0, "model_ready": None, "loaded": 2.5}
+                                      "pg_ready": 2.0, "model_ready": None, "buffers_ready": None,
+                                      "loaded": 2.5}
     assert f["restored_from"] == "durable"
     assert r["infra_goodput_pct"] == pytest.approx(100 * (18 - 2.5) / 18)
     # 13 steps of 1 s and one in-loop save that blocked 0.5 s
