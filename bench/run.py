@@ -4,6 +4,7 @@ checkpoint regimes (sync vs async vs snapshot tiers), and recovery under the pos
     python -m bench.run floors      --out bench/results
     python -m bench.run checkpoint  --out bench/results [--model llama-1b]
     python -m bench.run recovery    --out bench/results [--model llama-1b]
+    python -m bench.run profile     --out bench/results [--model llama-1b]
     python -m bench.run all         --out bench/results
 
 Every experiment writes `<out>/<name>.json`; `python -m bench.tables` turns them into the tables of
@@ -190,6 +191,22 @@ def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int
     return res
 
 
+def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
+                  data: Optional[str]) -> dict:
+    """A torch.profiler window over five steady steps, no checkpoints: where a step's device
+    time goes (compute, collectives, copies by direction, so peer-to-peer or through the host)."""
+    name = f"profile-{model}"
+    res = _train(name, out, "baseline", nproc, [*_model_args(model, batch, seq, data),
+                 "--max_steps", "30", "--checkpoint_interval", "0", "--profile_from", "20",
+                 "--profile_steps", "5"], timeout=300)
+    summary = ROOT / "runs" / "bench" / name / "profile" / "summary.json"
+    if summary.is_file():
+        res["profile"] = json.loads(summary.read_text())
+        shutil.copy(summary.with_suffix(".txt"), LOGS / f"{name}.summary.txt")
+    _save(out, name, {name: res})
+    return res
+
+
 # The post's schedule shape: 5 faults, exception/hang 0.6/0.4, seed 42, checkpoint every quarter.
 FAULTS = ["--fault_count", "5", "--fault_seed", "42", "--fault_types", "exception,hang",
           "--fault_type_weights", "0.6,0.4", "--fault_after_step", "10"]
@@ -288,7 +305,7 @@ def bundle(out: Path) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=("floors", "checkpoint", "faultfree", "recovery", "tiers",
-                                    "bundle", "all"))
+                                    "profile", "bundle", "all"))
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--model", default="llama-1b")
     p.add_argument("--nproc", type=int, default=2)
@@ -326,6 +343,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.what == "tiers":
         tiers(a.out, a.model, a.nproc, a.batch_size, a.seq_len, int(a.intervals.split(",")[0]),
               a.data_path)
+    if a.what == "profile":
+        profile_steps(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.data_path)
     if a.what in ("bundle", "all"):
         bundle(a.out)
     return 0

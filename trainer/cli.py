@@ -13,11 +13,7 @@ from trainer.launch import record_final_error
 
 
 def events_path(cfg: TrainConfig) -> Optional[Path]:
-    if cfg.results_path:
-        return Path(cfg.results_path).resolve().parent / "events.jsonl"
-    if cfg.checkpoint_dir:
-        return Path(cfg.checkpoint_dir) / "events.jsonl"
-    return None
+    return cfg.output_dir / "events.jsonl" if cfg.output_dir else None
 
 
 def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) -> dict:

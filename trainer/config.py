@@ -71,6 +71,8 @@ class TrainConfig:
     results_path: Optional[str] = None
     log_interval: int = 10
     trace_samples: bool = False
+    profile_from: int = 0
+    profile_steps: int = 3
     # recovery
     mode: str = "baseline"
     soft_timeout: float = 60.0
@@ -89,6 +91,13 @@ class TrainConfig:
     fault_probability: float = 0.0
     # derived, not flags
     extra: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def output_dir(self) -> Optional[Path]:
+        """Where the event log and profiles go: beside results.json, else the checkpoints."""
+        if self.results_path:
+            return Path(self.results_path).resolve().parent
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else None
 
     @property
     def inprocess(self) -> bool:
@@ -216,6 +225,11 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
     g.add_argument("--log_interval", type=int, default=d.log_interval)
     g.add_argument("--trace_samples", type=_bool, default=d.trace_samples, metavar="true|false",
                    help="log the sample indices of every step (for verification)")
+    g.add_argument("--profile_from", type=int, default=d.profile_from,
+                   help="first step of a torch.profiler window (0: off); traces and a summary "
+                        "go to profile/ beside results.json")
+    g.add_argument("--profile_steps", type=int, default=d.profile_steps,
+                   help="steps in the profiler window")
     g = p.add_argument_group("recovery")
     g.add_argument("--mode", choices=MODES, default=d.mode)
     g.add_argument("--soft_timeout", type=float, default=d.soft_timeout)
@@ -246,11 +260,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if not ok:
             raise ConfigError(msg)
 
-    for name in ("max_steps", "seq_len", "batch_size"):
+    for name in ("max_steps", "seq_len", "batch_size", "profile_steps"):
         v = getattr(cfg, name)
         need(v >= 1, f"--{name} {v} must be at least 1")
     for name in ("checkpoint_interval", "snapshot_interval", "fault_count", "fault_after_step",
-                 "warmup_steps", "inprocess_max_restarts"):
+                 "warmup_steps", "inprocess_max_restarts", "profile_from"):
         v = getattr(cfg, name)
         need(v >= 0, f"--{name} {v} must be 0 or more")
     need(cfg.lr > 0, f"--lr {cfg.lr} must be positive")

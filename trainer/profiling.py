@@ -16,7 +16,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 # Device-time categories, by operator name; the first match wins.
-CATEGORIES = (("nccl", "nccl collectives"), ("memcpy dtoh", "copy device to host"),
+CATEGORIES = (("nccl", "collectives"), ("c10d::", "collectives"), ("gloo", "collectives"),
+              ("memcpy dtoh", "copy device to host"),
               ("memcpy htod", "copy host to device"), ("memcpy ptop", "copy peer to peer"),
               ("memcpy dtod", "copy device to device"), ("memset", "memset"))
 
@@ -71,22 +72,29 @@ class StepProfiler:
 
 
 def summarize(prof: profile, steps: int) -> dict:
-    """Device (or, on CPU ranks, CPU) time per category and the top operators, per step."""
+    """Time per step by category and the top operators: device time where the window recorded
+    any (GPU ranks), else CPU time (CPU ranks). Self times, so nothing is counted twice."""
+    averages = prof.key_averages()
+    on_device = any(getattr(a, "self_device_time_total", 0) for a in averages)
     per_category: dict[str, float] = {}
     ops = []
-    for avg in prof.key_averages():
-        device_us = getattr(avg, "self_device_time_total", 0.0) or 0.0
-        us = device_us if device_us else avg.self_cpu_time_total
-        if us <= 0:
+    for avg in averages:
+        us = getattr(avg, "self_device_time_total", 0) if on_device else avg.self_cpu_time_total
+        if not us or us <= 0:
             continue
         label = category(avg.key)
         per_category[label] = per_category.get(label, 0.0) + us
         ops.append((us, avg.key, label))
     ops.sort(reverse=True)
-    return {"steps": steps,
-            "time": "device" if any(getattr(a, "self_device_time_total", 0) for a in
-                                    prof.key_averages()) else "cpu",
+    return {"steps": steps, "time": "device" if on_device else "cpu",
             "ms_per_step_by_category": {k: v / 1e3 / steps for k, v in
                                         sorted(per_category.items(), key=lambda kv: -kv[1])},
             "top_ops_ms_per_step": [{"op": k, "category": c, "ms": us / 1e3 / steps}
                                     for us, k, c in ops[:15]]}
+
+
+def profile_line(summary: dict, out_dir: Path) -> str:
+    """One log line: the time per step of each category."""
+    parts = ", ".join(f"{k} {v:.1f} ms" for k, v in summary["ms_per_step_by_category"].items())
+    return f"profile of {summary['steps']} steps ({summary['time']} time per step): {parts}; " \
+           f"details in {out_dir}"

@@ -29,6 +29,7 @@ from trainer.metrics import StepReadback, StepRecord, Throughput, Window
 from trainer.parallel import (DistEnv, build_sharded_model, device_name, full_param_sha256,
                               init_process_group, initialize_weights, peak_flops)
 from trainer.phases import run_phase, settle as settle_phases
+from trainer.profiling import StepProfiler, profile_line
 from trainer.recovery import StateKeeper
 from trainer.state import ensure_optimizer_state
 
@@ -255,6 +256,9 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     perf = Throughput(flops_per_token(model_config, cfg.seq_len), peak_flops(env.device),
                       tokens_per_step, env.world_size, device_name(env.device))
     readback = StepReadback(env.device, wait_for_device)
+    profiler = StepProfiler(cfg.profile_from, cfg.profile_steps,
+                            cfg.output_dir / "profile" if cfg.output_dir else None,
+                            env.rank, env.device)
     window = Window(time.perf_counter())
 
     def state_meta(at_step: int) -> dict:
@@ -295,11 +299,14 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
 
     while step < cfg.max_steps:
         faults.at_step(step + 1)
+        profiler.before(step + 1)
         if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: a phase
             rec = hooks.phase("first_step", one_step, cfg.startup_timeout, env.device)
         else:
             rec = one_step()
         step += 1
+        if (profile := profiler.after(step)) is not None:
+            log(profile_line(profile, profiler.out_dir))
         hooks.steps_done += 1
         hooks.alive()
         if keeper.saves_durably(step):  # only verified steps reach the durable tier

@@ -1,0 +1,34 @@
+"""The profiler window: a trace per rank and a summary of where the steps' time went, with the
+collectives told apart from compute. Real job, CPU ranks."""
+
+import json
+
+from tests.trainer.conftest import ok, results, run_local
+
+from trainer.profiling import category
+
+
+def test_profile_window_writes_traces_and_a_summary(cache_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "6", "--profile_from", "3",
+                     "--profile_steps", "2")
+    ok(proc)
+    assert results(run_dir)["steps_completed"] == 6
+    profile = run_dir / "profile"
+    for rank in (0, 1):
+        trace = json.loads((profile / f"rank{rank:05d}.trace.json").read_text())
+        assert trace["traceEvents"]
+    summary = json.loads((profile / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["time"] == "cpu"
+    by_category = summary["ms_per_step_by_category"]
+    assert by_category["compute"] > 0 and by_category["collectives"] > 0
+    assert any(op["op"].startswith("aten::mm") for op in summary["top_ops_ms_per_step"])
+    assert "profile of 2 steps" in proc.stdout
+
+
+def test_operator_names_map_to_categories():
+    assert category("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "collectives"
+    assert category("c10d::_allgather_base_") == "collectives"
+    assert category("Memcpy DtoH (Device -> Pinned)") == "copy device to host"
+    assert category("Memcpy PtoP (Device -> Device)") == "copy peer to peer"
+    assert category("sm90_xmma_gemm_bf16bf16_bf16f32") == "compute"
