@@ -95,7 +95,7 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     src = tensors[src_name]
                     if p.dim() == 0:
                         dst.copy_(src)
-                    else:  # from pinned memory: queued, overlapping the next copies
+                    else:  # non-blocking: from pinned memory it overlaps the next copies
                         dst[lo - start:hi - start].copy_(src[lo - s0:hi - s0], non_blocking=True)
                 st["step"].copy_(tensors[f"optim/{name}/step"])
                 filled += (hi - lo)
