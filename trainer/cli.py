@@ -69,11 +69,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"python -m trainer: error: {exc}", file=sys.stderr)
         return 2
     events.emit("imported")
-    from trainer.model import preload
     from trainer.recovery import StateKeeper
     from trainer.train import Hooks, run
-
-    preload()  # overlaps the process-group rendezvous; the loop's own imports are done by now
 
     hooks, failed = Hooks(), True
     try:

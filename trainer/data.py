@@ -61,9 +61,6 @@ class HFTokenizer:
     """A model directory's tokenizer (or a hub id's, which downloads)."""
 
     def __init__(self, ref: str):
-        from trainer.model import preloaded
-
-        preloaded()
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(ref, local_files_only=os.path.isdir(ref))

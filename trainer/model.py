@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch and transformers load only when a model is built
     import torch
@@ -46,35 +45,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-_preloading: Optional[threading.Thread] = None
-
-
-def preload() -> None:
-    """Import the model code (2-3 s for transformers' LLaMA) on a thread, while the process
-    group forms: a restarted worker reaches its first step that much sooner."""
-    global _preloading
-
-    def load() -> None:
-        from transformers import LlamaForCausalLM  # noqa: F401
-
-    _preloading = threading.Thread(target=load, name="preload-model", daemon=True)
-    _preloading.start()
-
-
-def preloaded() -> None:
-    """Call before any import from transformers: its lazy module is not safe to import from
-    two threads at once (a name can be missing while the other thread is half-way)."""
-    if _preloading is not None:
-        _preloading.join()
-
-
 def is_model_reference(ref: str) -> bool:
     return ref in PRESETS or os.path.isdir(ref) or bool(_HUB_ID.fullmatch(ref))
 
 
 def llama_config(ref: str):
     """The LlamaConfig of a preset, a local directory or a hub id."""
-    preloaded()
     from transformers import AutoConfig, LlamaConfig
 
     if ref in PRESETS:
@@ -90,7 +66,6 @@ def build_model(ref: str, seed: int, device: "torch.device | str" = "cpu"):
     """
     import torch
 
-    preloaded()
     from transformers import LlamaForCausalLM
 
     config = llama_config(ref)
