@@ -148,12 +148,29 @@ class CheckpointManager:
         next checkpoint, never the one before it."""
         dist.barrier()
         if self.rank == 0:
-            self._commit_ready()
-            if self._uncommitted:
-                raise CheckpointError(f"checkpoint step {self._uncommitted[0]}: every rank's write "
-                                      "finished, but not every marker checks out; not committed")
+            self._commit_pending()
         self._await_committed(self._landing)
         self._landing = None
+
+    def _commit_pending(self) -> None:
+        """Rank 0, once every rank's write has returned: commit everything pending, waiting
+        (bounded by the checkpoint timeout) for markers not yet visible, and saying which ones
+        were late, since a write that returned should have left its marker behind."""
+        t0 = time.time()
+        while True:
+            self._commit_ready()  # also waits for a publish in the background to end
+            if not self._uncommitted:
+                break
+            step = self._uncommitted[0]
+            if time.time() - t0 > self.timeout_s:
+                raise CheckpointError(f"checkpoint step {step}: ranks "
+                                      f"{self.store.missing_markers(step, self.world_size)} never "
+                                      f"left their marker within {self.timeout_s:g} s "
+                                      "(--checkpoint_timeout); it is not committed")
+            self.keepalive()
+            time.sleep(0.05)
+        if time.time() - t0 > 1.0:
+            self.log(f"rank 0: markers appeared {time.time() - t0:.1f} s after every write returned")
 
     def _await_committed(self, step: int) -> None:
         """Wait for rank 0 to publish `step` by watching for its manifest, not in a collective:
@@ -292,16 +309,8 @@ class CheckpointManager:
         t0 = time.perf_counter()
         self.wait_for_writer()
         dist.barrier()
-        deadline = time.time() + self.timeout_s
-        while self.rank == 0:
-            self._commit_ready()  # also waits for a publish in the background to end
-            if not self._uncommitted:
-                break
-            if time.time() > deadline:
-                raise CheckpointError(f"checkpoint step {self._uncommitted[0]} never got "
-                                      "every rank's marker; it is not committed")
-            self.keepalive()
-            time.sleep(0.05)
+        if self.rank == 0:
+            self._commit_pending()
         self.events.emit("ckpt_drain", seconds=time.perf_counter() - t0)
 
     def close(self, abort: bool = False) -> None:

@@ -323,6 +323,10 @@ class CheckpointStore:
             markers.append(marker)
         return markers
 
+    def missing_markers(self, step: int, world_size: int) -> list[int]:
+        path = self.root / step_dir_name(step)
+        return [r for r in range(world_size) if not (path / marker_name(r)).is_file()]
+
     def commit(self, step: int, markers: list[dict], extra: dict) -> Path:
         """Publish a checkpoint: manifest last, then the `latest` pointer, then retention."""
         path = self.root / step_dir_name(step)
