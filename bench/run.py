@@ -116,11 +116,12 @@ def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
     t0 = time.time()
     LOGS.mkdir(parents=True, exist_ok=True)
     with open(LOGS / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:  # the runner stops its launchers on SIGTERM
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
             code = "timeout"
+            _stop(proc)
     res = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
     res.update({"name": name, "exit_code": code, "runner_seconds": time.time() - t0,
                 "command": " ".join(cmd[1:])})
@@ -130,6 +131,18 @@ def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
     print(f"{name}: exit {code}, {res.get('training_efficiency_pct')} % efficiency, "
           f"{res.get('training_goodput_pct')} % goodput, {time.time() - t0:.0f} s", flush=True)
     return res
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, which the runner passes on to its launchers, then SIGKILL. A SIGKILL alone
+    (subprocess.run's timeout) leaves the trainers running: they would write into the
+    checkpoints removed next and hold the GPUs of the next run."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 DEVICE = "cuda"

@@ -156,19 +156,18 @@ class CheckpointManager:
         """Rank 0, once every rank's write has returned: commit everything pending, waiting
         (bounded by the checkpoint timeout) for markers not yet visible, and saying which ones
         were late, since a write that returned should have left its marker behind."""
+        self._commit_ready()  # also waits for a publish in the background to end
         t0 = time.time()
-        while True:
-            self._commit_ready()  # also waits for a publish in the background to end
-            if not self._uncommitted:
-                break
-            step = self._uncommitted[0]
+        while self._uncommitted:
             if time.time() - t0 > self.timeout_s:
-                raise CheckpointError(f"checkpoint step {step}: ranks "
-                                      f"{self.store.missing_markers(step, self.world_size)} never "
-                                      f"left their marker within {self.timeout_s:g} s "
-                                      "(--checkpoint_timeout); it is not committed")
+                step = self._uncommitted[0]
+                missing = self.store.missing_markers(step, self.world_size)
+                raise CheckpointError(f"checkpoint step {step}: ranks {missing} never left their "
+                                      f"marker within {self.timeout_s:g} s (--checkpoint_timeout); "
+                                      "it is not committed")
             self.keepalive()
             time.sleep(0.05)
+            self._commit_ready()
         if time.time() - t0 > 1.0:
             self.log(f"rank 0: markers appeared {time.time() - t0:.1f} s after every write returned")
 
