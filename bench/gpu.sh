@@ -12,11 +12,14 @@ fi
 # NVLink multicast stays off on shared hosts; unbuffered output for live logs.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NVRX_EKS_CACHE=${NVRX_EKS_CACHE:-/tmp/nvrx-cache}
+# Keep BENCH_SECONDS some 30 s under the machine's per-command limit: logs are packed after each
+# part and once more on the way out, but a command killed outright returns only what was packed.
 deadline=$(( $(date +%s) + ${BENCH_SECONDS:-100000} ))
+trap 'python3 -m bench.run bundle --out "$OUT"' EXIT
 for part in "$@"; do
   left=$(( deadline - $(date +%s) ))
   [ "$left" -gt 10 ] || { echo "no time left for $part"; continue; }
   timeout -s TERM "$left" python3 -m bench.run "$part" --out "$OUT" ${BENCH_ARGS:-} || echo "bench part $part stopped"
+  python3 -m bench.run bundle --out "$OUT"
 done
-python3 -m bench.run bundle --out "$OUT"
 ls -la "$OUT"

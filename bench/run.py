@@ -220,6 +220,36 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
     return res
 
 
+def throughput(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
+               snapshot_interval: int, extra: list[str], data: Optional[str]) -> dict:
+    """Step time and MFU side by side: eager, compiled, and compiled with the fault-tolerance
+    machinery on (async checkpoints, snapshots in the memory and node tiers), so one table
+    shows how fast the loop runs and what protecting it costs at that speed."""
+    base = [*_model_args(model, batch, seq, data), "--max_steps", str(steps), *extra]
+    ft = ["--tiers", "memory,node", "--snapshot_interval", str(snapshot_interval),
+          "--checkpoint_interval", str(steps // 2)]
+    runs = {"eager": ["--checkpoint_interval", "0"],
+            "compiled": ["--compile", "true", "--checkpoint_interval", "0"],
+            "compiled-ft": ["--compile", "true", *ft]}
+    label = f"throughput-{model}-seq{seq}-b{batch}"
+    res: dict = {}
+    for kind, flags in runs.items():
+        run = _train(f"{label}-{kind}", out, "baseline", nproc, [*base, *flags], timeout=400)
+        res[run["name"]] = _loop_mfu(run)
+        if kind == "compiled-ft":
+            _versus(run, res[f"{label}-compiled"])
+        _save(out, label, res)
+    return res
+
+
+def _loop_mfu(run: dict) -> dict:
+    """MFU over the loop's mean step time with stalls (`mfu_pct` uses the median step alone)."""
+    if run.get("mfu_pct") and run.get("loop_step_seconds") and run.get("tokens_per_second"):
+        median_step = run["tokens_per_step"] / run["tokens_per_second"]
+        run["loop_mfu_pct"] = run["mfu_pct"] * median_step / run["loop_step_seconds"]
+    return run
+
+
 # The post's schedule shape: 5 faults, exception/hang 0.6/0.4, seed 42, checkpoint every quarter.
 FAULTS = ["--fault_count", "5", "--fault_seed", "42", "--fault_types", "exception,hang",
           "--fault_type_weights", "0.6,0.4", "--fault_after_step", "10"]
@@ -318,7 +348,7 @@ def bundle(out: Path) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=("floors", "checkpoint", "faultfree", "recovery", "tiers",
-                                    "profile", "bundle", "all"))
+                                    "throughput", "profile", "bundle", "all"))
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--model", default="llama-1b")
     p.add_argument("--nproc", type=int, default=2)
@@ -327,6 +357,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--intervals", default="100,1000",
                    help="checkpoint intervals for the 1x and 10x regimes (steps)")
     p.add_argument("--recovery_steps", type=int, default=160)
+    p.add_argument("--throughput_steps", type=int, default=40)
+    p.add_argument("--snapshot_interval", type=int, default=1,
+                   help="throughput: steps between snapshots in the fault-tolerant run")
+    p.add_argument("--trainer_args", default="",
+                   help="throughput: more trainer flags, e.g. '--activation_checkpointing full'")
     p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
     p.add_argument("--data_path")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")
@@ -356,6 +391,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.what == "tiers":
         tiers(a.out, a.model, a.nproc, a.batch_size, a.seq_len, int(a.intervals.split(",")[0]),
               a.data_path)
+    if a.what == "throughput":
+        throughput(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.throughput_steps,
+                   a.snapshot_interval, a.trainer_args.split(), a.data_path)
     if a.what == "profile":
         profile_steps(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.data_path)
     if a.what in ("bundle", "all"):
