@@ -360,8 +360,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--throughput_steps", type=int, default=40)
     p.add_argument("--snapshot_interval", type=int, default=1,
                    help="throughput: steps between snapshots in the fault-tolerant run")
-    p.add_argument("--trainer_args", default="",
-                   help="throughput: more trainer flags, e.g. '--activation_checkpointing full'")
+    p.add_argument("--activation_checkpointing", default="none",
+                   choices=("none", "selective", "full"),
+                   help="throughput: the trainer's --activation_checkpointing in every run")
     p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
     p.add_argument("--data_path")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")
@@ -393,7 +394,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               a.data_path)
     if a.what == "throughput":
         throughput(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.throughput_steps,
-                   a.snapshot_interval, a.trainer_args.split(), a.data_path)
+                   a.snapshot_interval,
+                   ["--activation_checkpointing", a.activation_checkpointing], a.data_path)
     if a.what == "profile":
         profile_steps(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.data_path)
     if a.what in ("bundle", "all"):
