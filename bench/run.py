@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from trainer.config import ACTIVATION_CHECKPOINTING
+
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "runs" / "bench" / "logs"  # runner logs and event logs; packed by `bundle`
 GIB = 2**30
@@ -361,7 +363,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--snapshot_interval", type=int, default=1,
                    help="throughput: steps between snapshots in the fault-tolerant run")
     p.add_argument("--activation_checkpointing", default="none",
-                   choices=("none", "selective", "full"),
+                   choices=ACTIVATION_CHECKPOINTING,
                    help="throughput: the trainer's --activation_checkpointing in every run")
     p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
     p.add_argument("--data_path")
