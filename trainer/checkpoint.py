@@ -313,13 +313,16 @@ class CheckpointManager:
         self.events.emit("ckpt_drain", seconds=time.perf_counter() - t0)
 
     def close(self, abort: bool = False) -> None:
+        """Stop the writer and unmap the staging buffer. After a failure (`abort`) the buffer's
+        file stays on the node: the next process of this rank maps it again instead of
+        touching gigabytes of fresh pages (about 4 s for 7.4 GB) while every rank waits."""
         if self._committing is not None and not abort:
             self._committing.join()
         if self._writer is not None:
             self._writer.close(abort=abort)
             self._writer = None
         if self._buffer is not None:
-            self._buffer.close(unlink=True)
+            self._buffer.close(unlink=not abort)
             self._buffer = None
         self._in_flight = None
 

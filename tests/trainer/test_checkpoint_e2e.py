@@ -2,8 +2,8 @@
 
 import pytest
 
-from tests.trainer.conftest import (INTERVAL, STEPS, events, first, kill_group, ok, results,
-                                    run_local, samples_by_step, start_local, wait_for)
+from tests.trainer.conftest import (INTERVAL, STEPS, events, faults, first, kill_group, ok,
+                                    results, run_local, samples_by_step, start_local, wait_for)
 from trainer.store import MANIFEST, CheckpointStore, file_sha256, shard_name, step_dir_name
 
 
@@ -109,3 +109,20 @@ def test_resume_at_another_world_size_restores_parameters_exactly(cache_dir, tmp
         load = first(events(copy), "ckpt_load")
         assert load["saved_world_size"] == 2 and load["step"] == 8
         assert res["param_sha256"] == saved
+
+
+def test_failed_rank_leaves_its_staging_buffer_for_the_next_process(cache_dir, tmp_path):
+    """A restarted rank maps the staging buffer its failed predecessor left instead of touching
+    a fresh one; a run that completes removes it."""
+    run_dir, node_dir = tmp_path / "run", tmp_path / "node"
+    args = ("--max_steps", str(STEPS), "--checkpoint_interval", str(INTERVAL),
+            "--node_dir", str(node_dir), *faults("exception"))
+    buffers = lambda: sorted(p.name for p in node_dir.rglob("durable.rank*.buf"))
+    failed = run_local(cache_dir, "baseline", run_dir, *args, local_args=("--job_restarts", "0"))
+    assert failed.returncode != 0
+    (fault,) = [e for e in events(run_dir) if e["event"] == "fault"]
+    assert f"durable.rank{fault['rank']:05d}.buf" in buffers()
+
+    ok(run_local(cache_dir, "baseline", run_dir, *args))
+    assert results(run_dir)["steps_completed"] == STEPS
+    assert buffers() == []
