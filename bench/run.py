@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from trainer.config import ACTIVATION_CHECKPOINTING
+from trainer.config import ACTIVATION_CHECKPOINTING, SNAPSHOT_STAGING
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "runs" / "bench" / "logs"  # runner logs and event logs; packed by `bundle`
@@ -195,14 +195,19 @@ def checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, interval
 
 def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int,
           data: Optional[str]) -> dict:
-    """Snapshots of every step (memory and node tiers) with durable checkpoints at `interval`."""
+    """Snapshots of every step (memory and node tiers) with durable checkpoints at `interval`,
+    staged through host or device memory, beside a run without checkpoints."""
     base = _model_args(model, batch, seq, data)
-    name, steps = f"ckpt-tiers-every{interval}", int(1.5 * interval)
+    steps = int(1.5 * interval)
     ref = _no_checkpoint(out, model, nproc, batch, seq, steps, data)
-    res = {ref["name"]: ref, name: _versus(_train(name, out, "baseline", nproc, [
-        *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
-        "--tiers", "memory,node", "--snapshot_interval", "1"], timeout=200), ref)}
-    _save(out, "tiers", res)
+    res = {ref["name"]: ref}
+    for staging in ("host", "device"):
+        name = f"ckpt-tiers-every{interval}-{staging}"
+        res[name] = _versus(_train(name, out, "baseline", nproc, [
+            *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
+            "--tiers", "memory,node", "--snapshot_interval", "1",
+            "--snapshot_staging", staging], timeout=200), ref)
+        _save(out, "tiers", res)
     return res
 
 
@@ -223,13 +228,14 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
 
 
 def throughput(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
-               snapshot_interval: int, extra: list[str], data: Optional[str]) -> dict:
+               snapshot_interval: int, staging: str, extra: list[str],
+               data: Optional[str]) -> dict:
     """Step time and MFU side by side: eager, compiled, and compiled with the fault-tolerance
     machinery on (async checkpoints, snapshots in the memory and node tiers), so one table
     shows how fast the loop runs and what protecting it costs at that speed."""
     base = [*_model_args(model, batch, seq, data), "--max_steps", str(steps), *extra]
     ft = ["--tiers", "memory,node", "--snapshot_interval", str(snapshot_interval),
-          "--checkpoint_interval", str(steps // 2)]
+          "--snapshot_staging", staging, "--checkpoint_interval", str(steps // 2)]
     runs = {"eager": ["--checkpoint_interval", "0"],
             "compiled": ["--compile", "true", "--checkpoint_interval", "0"],
             "compiled-ft": ["--compile", "true", *ft]}
@@ -362,6 +368,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--throughput_steps", type=int, default=40)
     p.add_argument("--snapshot_interval", type=int, default=1,
                    help="throughput: steps between snapshots in the fault-tolerant run")
+    p.add_argument("--snapshot_staging", default="host", choices=SNAPSHOT_STAGING,
+                   help="throughput: the fault-tolerant run's --snapshot_staging")
     p.add_argument("--activation_checkpointing", default="none",
                    choices=ACTIVATION_CHECKPOINTING,
                    help="throughput: the trainer's --activation_checkpointing in every run")
@@ -396,7 +404,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               a.data_path)
     if a.what == "throughput":
         throughput(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.throughput_steps,
-                   a.snapshot_interval,
+                   a.snapshot_interval, a.snapshot_staging,
                    ["--activation_checkpointing", a.activation_checkpointing], a.data_path)
     if a.what == "profile":
         profile_steps(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.data_path)

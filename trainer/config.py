@@ -24,6 +24,7 @@ TIERS = ("memory", "node", "peer")
 RESUME = ("auto", "required", "never")
 DEVICES = ("auto", "cpu", "cuda")
 ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
+SNAPSHOT_STAGING = ("host", "device")
 
 
 class ConfigError(ValueError):
@@ -67,6 +68,7 @@ class TrainConfig:
     tiers: tuple[str, ...] = ()
     memory_budget_gib: float = 0.0
     node_dir: Optional[str] = None
+    snapshot_staging: str = "host"
     # outputs
     results_path: Optional[str] = None
     log_interval: int = 10
@@ -219,6 +221,10 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                         "two shards, five with the peer tier)")
     g.add_argument("--node_dir", default=d.node_dir,
                    help="node-local directory for the node tier (default /dev/shm/nvrx-eks)")
+    g.add_argument("--snapshot_staging", choices=SNAPSHOT_STAGING, default=d.snapshot_staging,
+                   help="device: copy each snapshot to device memory first (milliseconds), so "
+                        "the next step never waits for the copy to host; costs one more shard "
+                        "of device memory")
     g = p.add_argument_group("outputs")
     g.add_argument("--results_path", default=d.results_path,
                    help="results.json; events.jsonl is written beside it")
@@ -304,6 +310,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         need(t in TIERS, f"--tiers {t!r} is unknown; allowed: {', '.join(TIERS)}")
     need(not cfg.tiers or cfg.snapshot_interval >= 1,
          f"--tiers {','.join(cfg.tiers)} needs --snapshot_interval of at least 1")
+    need(cfg.snapshot_staging == "host" or bool(cfg.tiers),
+         f"--snapshot_staging {cfg.snapshot_staging} needs snapshot --tiers")
     need(cfg.memory_budget_gib >= 0, f"--memory_budget_gib {cfg.memory_budget_gib} must be 0 or more")
     need(cfg.soft_timeout < cfg.hard_timeout < cfg.barrier_timeout,
          f"timeouts must satisfy soft ({cfg.soft_timeout}) < hard ({cfg.hard_timeout}) "

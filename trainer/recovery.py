@@ -66,7 +66,8 @@ class StateKeeper:
             self.snap = Snapshotter(self.node_root / "snapshots", rank=env.rank, world_size=env.world_size,
                                     local_world_size=env.local_world_size, device=env.device,
                                     tiers=cfg.tiers, budget_gib=cfg.memory_budget_gib,
-                                    durable=cfg.checkpoint_interval > 0, events=events, log=log)
+                                    durable=cfg.checkpoint_interval > 0, events=events, log=log,
+                                    device_staging=cfg.snapshot_staging == "device")
             keep["snap"] = self.snap
         if self.snap is not None:
             self.snap.settle()  # a replication of the failed attempt ends (or is abandoned)

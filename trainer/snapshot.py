@@ -38,7 +38,7 @@ from config.contract import snapshot_bytes
 from trainer.atomic import write_json_atomic
 from trainer.config import ConfigError
 from trainer.events import EventLog
-from trainer.staging import HostBuffer, Layout
+from trainer.staging import DeviceStage, HostBuffer, Layout
 
 _CHUNK = 256 << 20  # peer transfers go in pieces: bounded gloo messages, steady progress
 SLOW_SNAPSHOT_ENV = "NVRX_EKS_SLOW_SNAPSHOT_S"  # fault-injection knob: widens the copy window
@@ -75,7 +75,8 @@ def read_header(path: Path) -> Optional[dict]:
 class Snapshotter:
     def __init__(self, root: Path, *, rank: int, world_size: int, local_world_size: int,
                  device: torch.device, tiers: tuple[str, ...], budget_gib: float,
-                 durable: bool, events: EventLog, log: Callable[[str], None] = print):
+                 durable: bool, events: EventLog, log: Callable[[str], None] = print,
+                 device_staging: bool = False):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = rank, world_size
@@ -90,6 +91,8 @@ class Snapshotter:
         self.slots: list[Slot] = []
         self.replicas: list[Slot] = []
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.device_staging = device_staging
+        self._stage: Optional[DeviceStage] = None
         self._peer_group = None
         self._peer_thread: Optional[threading.Thread] = None
         self._peer_error: Optional[BaseException] = None
@@ -184,22 +187,46 @@ class Snapshotter:
             self.stats["skipped"] += 1
             return None
         slot.invalidate()
-        if self._stream is None:
-            slot.buffer.stage(tensors)
+        stage = self._device_stage(slot.buffer.layout)
+        if stage is not None:
+            copied = stage.capture(tensors, slot.buffer, self._stream)
+        elif self._stream is not None:
+            copied = slot.buffer.stage(tensors, self._stream, wait=False)
+        else:
+            copied = slot.buffer.stage(tensors)
+        if copied is None:  # on the host: complete already
             if SLOW_SNAPSHOT_ENV in os.environ:
                 time.sleep(float(os.environ[SLOW_SNAPSHOT_ENV]))
             slot.commit(step, meta, self._header_extra())
         else:
-            pending = (step, meta, slot.buffer.stage(tensors, self._stream, wait=False))
+            pending = (step, meta, copied)
             slot.pending = pending
             self._commit_when_copied(slot, pending)
         self.stats["count"] += 1
         self.stats["blocking_seconds"] += time.perf_counter() - t0
         return slot
 
+    def _device_stage(self, layout: Layout) -> Optional[DeviceStage]:
+        """The device-memory stage (`--snapshot_staging device`), made at the first snapshot;
+        without the device memory for it, snapshots copy to the host directly."""
+        if not self.device_staging:
+            return None
+        if self._stage is None or self._stage.layout != layout:
+            self._stage = None
+            try:
+                self._stage = DeviceStage(layout, self.device)
+            except torch.cuda.OutOfMemoryError:
+                self.device_staging = False
+                self.log(f"rank {self.rank}: no device memory for a "
+                         f"{layout.total_bytes / 2**30:.1f} GiB snapshot stage; snapshots are "
+                         "copied to host memory directly")
+        return self._stage
+
     def fence(self) -> None:
         """Before the optimizer changes the state: its kernels wait for pending copies (on the
-        GPU, without blocking the CPU)."""
+        GPU, without blocking the CPU). A device stage has copied the state already."""
+        if self._stage is not None:
+            return
         for slot in self.slots:
             if slot.pending is not None:
                 torch.cuda.current_stream(self.device).wait_event(slot.pending[2])
@@ -457,3 +484,4 @@ class Snapshotter:
             if gone:
                 slot.header.unlink(missing_ok=True)
         self.slots, self.replicas = [], []
+        self._stage = None

@@ -14,6 +14,8 @@ from tests.trainer.conftest import ROOT
     (["--fault_types", "exception,boom", "--checkpoint_dir", "x"], "'boom' is unknown"),
     (["--fault_type_weights", "0.5", "--fault_types", "exception,hang"], "has 1 values for 2"),
     (["--tiers", "disk", "--snapshot_interval", "1", "--checkpoint_dir", "x"], "'disk' is unknown"),
+    (["--snapshot_staging", "device"], "--snapshot_staging device needs snapshot --tiers"),
+    (["--snapshot_staging", "gpu"], "invalid choice: 'gpu'"),
     (["--checkpoint_interval", "5"], "needs --checkpoint_dir"),
     (["--resume", "required", "--checkpoint_dir", "/nonexistent/ckpt"], "holds no complete checkpoint"),
     (["--model", "gpt-5"], "neither a preset"),

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.trainer.conftest import (FAST_RECOVERY, ROOT, TINY, env_for, events, faults, kill_group,
                                     ok, results, run_local, start_local, wait_for)
 
@@ -41,11 +43,13 @@ def test_killed_rank_uses_its_node_and_a_lost_node_uses_peers(cache_dir, referen
     assert res["faults"][1]["restored_from"] in ("node", "peer")
 
 
-def test_inprocess_exception_resumes_from_memory(cache_dir, reference, tmp_path):
+@pytest.mark.parametrize("staging", ["host", "device"])
+def test_inprocess_exception_resumes_from_memory(cache_dir, reference, tmp_path, staging):
     ref = reference()
     run_dir = tmp_path / "run"
     ok(run_local(cache_dir, "inprocess", run_dir, "--max_steps", "16", "--checkpoint_interval", "8",
-                 *TIERS, *FAST_RECOVERY, *faults("exception", after=4)))
+                 *TIERS, "--snapshot_staging", staging, *FAST_RECOVERY,
+                 *faults("exception", after=4)))
     (load,) = {(e["tier"], e["step"]) for e in _loads(run_dir)}
     res = results(run_dir)
     assert load[0] == "memory"
