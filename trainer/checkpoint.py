@@ -26,6 +26,8 @@ from trainer.state import local_tensors, restore, shard_layout
 from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
                            MANIFEST, StorageError, error_file, step_dir_name, write_shard)
 
+MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
+
 
 def _warm_up(_: object) -> None:
     """A no-op request: makes the worker process start (and import torch) ahead of need."""
@@ -154,17 +156,17 @@ class CheckpointManager:
 
     def _commit_pending(self) -> None:
         """Rank 0, once every rank's write has returned: commit everything pending, waiting
-        (bounded by the checkpoint timeout) for markers not yet visible, and saying which ones
-        were late, since a write that returned should have left its marker behind."""
+        briefly for markers not yet visible (a shared file system can show them late), and
+        saying which ones were late: a write that returned has left its marker behind."""
         self._commit_ready()  # also waits for a publish in the background to end
-        t0 = time.time()
+        t0, bound = time.time(), min(self.timeout_s, MARKER_GRACE_S)
         while self._uncommitted:
-            if time.time() - t0 > self.timeout_s:
+            if time.time() - t0 > bound:
                 step = self._uncommitted[0]
                 missing = self.store.missing_markers(step, self.world_size)
-                raise CheckpointError(f"checkpoint step {step}: ranks {missing} never left their "
-                                      f"marker within {self.timeout_s:g} s (--checkpoint_timeout); "
-                                      "it is not committed")
+                raise CheckpointError(f"checkpoint step {step}: the writes of ranks {missing} "
+                                      f"returned, but their markers did not appear within "
+                                      f"{bound:g} s; it is not committed")
             self.keepalive()
             time.sleep(0.05)
             self._commit_ready()
