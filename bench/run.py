@@ -213,17 +213,26 @@ def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int
 
 def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
                   data: Optional[str]) -> dict:
-    """A torch.profiler window over five steady steps, no checkpoints: where a step's device
-    time goes (compute, collectives, copies by direction, so peer-to-peer or through the host)."""
-    name = f"profile-{model}"
-    res = _train(name, out, "baseline", nproc, [*_model_args(model, batch, seq, data),
-                 "--max_steps", "30", "--checkpoint_interval", "0", "--profile_from", "20",
-                 "--profile_steps", "5"], timeout=300)
-    summary = ROOT / "runs" / "bench" / name / "profile" / "summary.json"
-    if summary.is_file():
-        res["profile"] = json.loads(summary.read_text())
-        shutil.copy(summary.with_suffix(".txt"), LOGS / f"{name}.summary.txt")
-    _save(out, name, {name: res})
+    """A torch.profiler window over steps 21-25: where a step's device time goes (compute,
+    collectives, copies by direction, so peer-to-peer or through the host). Three windows
+    side by side: no checkpoints; snapshots of every step; and snapshots while the durable
+    write of step 20 runs, to show what a background write slows down."""
+    tiers = ["--tiers", "memory,node", "--snapshot_interval", "1"]
+    variants = {"clean": ["--checkpoint_interval", "0"],
+                "snapshots": [*tiers, "--checkpoint_interval", "0"],
+                "snapshots-write": [*tiers, "--checkpoint_interval", "20"]}
+    res: dict = {}
+    for variant, flags in variants.items():
+        name = f"profile-{model}-{variant}"
+        run = _train(name, out, "baseline", nproc, [*_model_args(model, batch, seq, data),
+                     "--max_steps", "30", *flags, "--profile_from", "21",
+                     "--profile_steps", "5"], timeout=300)
+        summary = ROOT / "runs" / "bench" / name / "profile" / "summary.json"
+        if summary.is_file():
+            run["profile"] = json.loads(summary.read_text())
+            shutil.copy(summary.with_suffix(".txt"), LOGS / f"{name}.summary.txt")
+        res[name] = run
+        _save(out, f"profile-{model}", res)
     return res
 
 
