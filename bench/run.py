@@ -148,6 +148,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 DEVICE = "cuda"
+TIERS = ["--tiers", "memory,node", "--snapshot_interval", "1"]  # a snapshot of every step
 
 
 def _model_args(model: str, batch: int, seq: int, data: Optional[str]) -> list[str]:
@@ -204,8 +205,7 @@ def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int
     for staging in ("host", "device"):
         name = f"ckpt-tiers-every{interval}-{staging}"
         res[name] = _versus(_train(name, out, "baseline", nproc, [
-            *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
-            "--tiers", "memory,node", "--snapshot_interval", "1",
+            *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval), *TIERS,
             "--snapshot_staging", staging], timeout=200), ref)
         _save(out, "tiers", res)
     return res
@@ -217,10 +217,9 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
     collectives, copies by direction, so peer-to-peer or through the host). Three windows
     side by side: no checkpoints; snapshots of every step; and snapshots while the durable
     write of step 20 runs, to show what a background write slows down."""
-    tiers = ["--tiers", "memory,node", "--snapshot_interval", "1"]
     variants = {"clean": ["--checkpoint_interval", "0"],
-                "snapshots": [*tiers, "--checkpoint_interval", "0"],
-                "snapshots-write": [*tiers, "--checkpoint_interval", "20"]}
+                "snapshots": [*TIERS, "--checkpoint_interval", "0"],
+                "snapshots-write": [*TIERS, "--checkpoint_interval", "20"]}
     res: dict = {}
     for variant, flags in variants.items():
         name = f"profile-{model}-{variant}"
@@ -278,7 +277,6 @@ RECOVERY_LOCAL = {"baseline": ("--backoff_seconds", "1"),
                   "ft_launcher": ("--heartbeat_timeout", "10", "--monitor_interval", "1"),
                   "inprocess": (),
                   "ft_launcher+inprocess": ("--heartbeat_timeout", "60", "--monitor_interval", "1")}
-TIERS = ["--tiers", "memory,node", "--snapshot_interval", "1"]
 
 
 def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[str],

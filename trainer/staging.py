@@ -196,4 +196,3 @@ class DeviceStage:
             done.record(stream)
         self._copied_out = done
         return done
-
