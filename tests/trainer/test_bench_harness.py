@@ -1,0 +1,36 @@
+"""The benchmark harness on CPU ranks: a run past its limit is stopped whole."""
+
+import os
+from pathlib import Path
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_run_past_its_limit_leaves_no_trainer_running(cache_dir, tmp_path, monkeypatch):
+    """The launchers run in their own sessions: killing only the local runner would leave the
+    trainers writing into checkpoints the harness removes next, and holding the next run's GPUs."""
+    from bench import run as bench
+
+    monkeypatch.setenv("NVRX_EKS_CACHE", str(cache_dir))
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    name = f"test-limit-{os.getpid()}"
+    run_dir = str(bench.ROOT / "runs" / "bench" / name)
+    res = bench._train(name, tmp_path, "baseline", 2,
+                       [*bench._model_args("tiny", 2, 64, None), "--max_steps", "100000"],
+                       timeout=20)
+    for log in bench.LOGS.glob(f"{name}.*"):
+        log.unlink()
+    assert res["exit_code"] == "timeout"
+    assert not _processes_naming(run_dir), "trainers outlived the run's limit"
