@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -139,6 +140,7 @@ class Snapshotter:
                 f"({kinds}) need {need / 2**30:.2f} GiB per rank")
         if self.slots and self.slots[0].buffer.layout == layout:
             return
+        self._check_space(need)
         pin = self.device.type == "cuda"
         self.slots = [Slot(HostBuffer.open(self._path(f"rank{self.rank:05d}.slot{i}.buf"), layout, pin),
                            self._path(f"rank{self.rank:05d}.slot{i}.json"))
@@ -149,6 +151,20 @@ class Snapshotter:
                 slot.step, slot.meta = h["step"], h["meta"]
             else:
                 slot.invalidate()
+
+    def _check_space(self, need: int) -> None:
+        """The slots of every rank on this node must fit the node directory: a memory file
+        system that runs out while the slots are first touched kills the process with SIGBUS,
+        at a point that names nothing. Files a previous process left are reused, not added."""
+        node_need = need * self.local_world_size
+        present = sum(f.stat().st_size for f in self.root.glob("*.buf") if f.is_file())
+        free = shutil.disk_usage(self.root).free
+        if node_need - present > free:
+            raise ConfigError(
+                f"{self.root}: the snapshot buffers of the node's "
+                f"{self.local_world_size} rank(s) need {node_need / 2**30:.1f} GiB and "
+                f"{(free + present) / 2**30:.1f} GiB is available; use fewer tiers, or a node "
+                "directory on a larger file system")
 
     def _replica_slots(self, layout: Layout) -> list[Slot]:
         if not self.replicas or self.replicas[0].buffer.layout != layout:

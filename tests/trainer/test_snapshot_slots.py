@@ -4,9 +4,11 @@ durable checkpoint is being written from another slot for many steps."""
 import pytest
 import torch
 
+from trainer.config import ConfigError
 from trainer.events import EventLog
 from config.contract import own_slots, snapshot_bytes
 from trainer.snapshot import Snapshotter
+from trainer.staging import Layout
 
 
 def _snapshotter(tmp_path, durable: bool) -> Snapshotter:
@@ -43,3 +45,14 @@ def test_memory_rule_counts_the_writer_slot_and_the_peer_slots():
     assert own_slots(peer=False, durable=False) == 2
     assert snapshot_bytes(shard, peer=False, durable=True) == 3 * shard
     assert snapshot_bytes(shard, peer=True, durable=True) == (4 + 2) * shard  # 4 own + 2 replicas
+
+
+def test_slots_larger_than_the_node_directory_are_a_clear_error_before_any_file(tmp_path):
+    """An 8B-sized shard on a node directory too small for its slots: refused up front, instead
+    of a SIGBUS when the memory file system runs out while the slots are first touched."""
+    snap = _snapshotter(tmp_path, durable=True)
+    shard = Layout.of(_state(1))
+    huge = Layout(shard.slots, 2**62)  # more than any file system here holds
+    with pytest.raises(ConfigError, match=r"snapshot buffers of the node's 1 rank\(s\) need .* GiB"):
+        snap.allocate(huge)
+    assert not list(tmp_path.glob("*.buf"))
