@@ -149,6 +149,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 DEVICE = "cuda"
 TIERS = ["--tiers", "memory,node", "--snapshot_interval", "1"]  # a snapshot of every step
+NO_CHECKPOINT = ["--checkpoint_interval", "0", "--final_checkpoint", "false"]
 
 
 def _model_args(model: str, batch: int, seq: int, data: Optional[str]) -> list[str]:
@@ -162,7 +163,7 @@ def _no_checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, step
     """The reference for honest efficiency: the same run with no checkpoint and no snapshot."""
     name = f"ckpt-none-{steps}steps"
     return _train(name, out, "baseline", nproc, [*_model_args(model, batch, seq, data),
-                  "--max_steps", str(steps), "--checkpoint_interval", "0"], timeout=240)
+                  "--max_steps", str(steps), *NO_CHECKPOINT], timeout=240)
 
 
 def _versus(run: dict, reference: dict) -> dict:
@@ -217,8 +218,8 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
     collectives, copies by direction, so peer-to-peer or through the host). Three windows
     side by side: no checkpoints; snapshots of every step; and snapshots while the durable
     write of step 20 runs, to show what a background write slows down."""
-    variants = {"clean": ["--checkpoint_interval", "0"],
-                "snapshots": [*TIERS, "--checkpoint_interval", "0"],
+    variants = {"clean": NO_CHECKPOINT,
+                "snapshots": [*TIERS, *NO_CHECKPOINT],
                 "snapshots-write": [*TIERS, "--checkpoint_interval", "20"]}
     res: dict = {}
     for variant, flags in variants.items():
@@ -244,8 +245,8 @@ def throughput(out: Path, model: str, nproc: int, batch: int, seq: int, steps: i
     base = [*_model_args(model, batch, seq, data), "--max_steps", str(steps), *extra]
     ft = ["--tiers", "memory,node", "--snapshot_interval", str(snapshot_interval),
           "--snapshot_staging", staging, "--checkpoint_interval", str(steps // 2)]
-    runs = {"eager": ["--checkpoint_interval", "0"],
-            "compiled": ["--compile", "true", "--checkpoint_interval", "0"],
+    runs = {"eager": NO_CHECKPOINT,
+            "compiled": ["--compile", "true", *NO_CHECKPOINT],
             "compiled-ft": ["--compile", "true", *ft]}
     label = f"throughput-{model}-seq{seq}-b{batch}"
     res: dict = {}

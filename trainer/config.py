@@ -59,6 +59,7 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = None
     checkpoint_interval: int = 0
     use_async_checkpoint: bool = True
+    final_checkpoint: bool = True
     keep_checkpoints: int = 2
     resume: str = "auto"
     checkpoint_timeout: float = 600.0
@@ -204,6 +205,9 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                    help="steps between durable checkpoints (0: only at the end)")
     g.add_argument("--use_async_checkpoint", type=_bool, default=d.use_async_checkpoint,
                    metavar="true|false")
+    g.add_argument("--final_checkpoint", type=_bool, default=d.final_checkpoint,
+                   metavar="true|false",
+                   help="false: no checkpoint of the last step (benchmarks, throwaway runs)")
     g.add_argument("--keep_checkpoints", type=int, default=d.keep_checkpoints)
     g.add_argument("--resume", choices=RESUME, default=d.resume,
                    help="auto: newest complete checkpoint if any; required: error if none")

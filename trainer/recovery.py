@@ -177,7 +177,7 @@ class StateKeeper:
         if self.snap is not None:
             self.snap.poll(wait=True)
         if self.ckpt is not None:
-            if self.ckpt.last_saved_step != step:
+            if self.ckpt.last_saved_step != step and self.cfg.final_checkpoint:
                 newest = self.snap.newest() if self.snap is not None else None
                 slot = newest if newest is not None and newest.step == step else None
                 self._durable(step, model, optimizer, meta, slot, final=True)

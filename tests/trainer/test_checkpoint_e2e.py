@@ -126,3 +126,13 @@ def test_failed_rank_leaves_its_staging_buffer_for_the_next_process(cache_dir, t
     ok(run_local(cache_dir, "baseline", run_dir, *args))
     assert results(run_dir)["steps_completed"] == STEPS
     assert buffers() == []
+
+
+def test_final_checkpoint_false_leaves_the_last_step_unsaved(cache_dir, tmp_path):
+    """For benchmarks and throwaway runs: the periodic checkpoints only."""
+    run_dir = tmp_path / "run"
+    ok(run_local(cache_dir, "baseline", run_dir, "--max_steps", str(STEPS),
+                 "--checkpoint_interval", str(INTERVAL), "--final_checkpoint", "false"))
+    assert results(run_dir)["steps_completed"] == STEPS
+    committed = [step for step, _, _ in CheckpointStore(run_dir / "checkpoints").candidates()]
+    assert max(committed) == STEPS - INTERVAL
