@@ -277,6 +277,14 @@ RECOVERY_TIMEOUTS = ["--soft_timeout", "5", "--hard_timeout", "30", "--barrier_t
                      "--completion_timeout", "120", "--nccl_timeout", "20"]
 
 
+# Per-run limits for llama-1b on 2x H200, sized from the measured runs (BENCHMARKS.md section
+# 3) with margin: fault-free about 100-165 s in every mode; under the 5 faults inprocess 196 s,
+# ft_launcher+inprocess 150 s, ft_launcher about 280 s, and the baseline over 400 s.
+RUN_LIMITS = {"faultfree": {"baseline": 200, "inprocess": 220, "ft_launcher": 240,
+                            "ft_launcher+inprocess": 240},
+              "recovery": {"baseline": 540, "inprocess": 300, "ft_launcher": 380,
+                           "ft_launcher+inprocess": 260}}
+
 RECOVERY_LOCAL = {"baseline": ("--backoff_seconds", "1"),
                   "ft_launcher": ("--heartbeat_timeout", "10", "--monitor_interval", "1"),
                   "inprocess": (),
@@ -292,8 +300,8 @@ def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[
 
 
 def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
-              modes: list[str], data: Optional[str], deterministic: bool, timeout: float,
-              determinism_cost: bool = False) -> dict:
+              modes: list[str], data: Optional[str], deterministic: bool,
+              timeout: Optional[float], determinism_cost: bool = False) -> dict:
     """The recovery runs' settings without faults: every mode must finish with 0 restarts, and
     in deterministic mode with one param_sha256 (the one the faulted runs must match). With
     `determinism_cost`, a baseline run with deterministic mode flipped gives its step-time
@@ -306,19 +314,22 @@ def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: in
         name = f"faultfree-{mode.replace('+', '-')}" + ("-det" if det else "")
         res[name] = _train(name, out, mode, nproc,
                            _recovery_args(model, batch, seq, steps, data, det, mode),
-                           RECOVERY_LOCAL[mode], timeout=timeout)
+                           RECOVERY_LOCAL[mode],
+                           timeout=timeout or RUN_LIMITS["faultfree"][mode])
         _save(out, f"faultfree-{'-'.join(m.replace('+', '-') for m in modes)}", res)
     return res
 
 
 def recovery(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
-             modes: list[str], data: Optional[str], deterministic: bool, timeout: float) -> dict:
+             modes: list[str], data: Optional[str], deterministic: bool,
+             timeout: Optional[float]) -> dict:
     res = {}
     for mode in modes:
         name = f"recovery-{mode.replace('+', '-')}"
         res[name] = _train(name, out, mode, nproc,
                            [*_recovery_args(model, batch, seq, steps, data, deterministic, mode),
-                            *FAULTS], RECOVERY_LOCAL[mode], timeout=timeout)
+                            *FAULTS], RECOVERY_LOCAL[mode],
+                           timeout=timeout or RUN_LIMITS["recovery"][mode])
         _save(out, f"recovery-{'-'.join(m.replace('+', '-') for m in modes)}", res)
     return res
 
@@ -393,8 +404,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="recovery and fault-free runs in deterministic mode: hashes comparable")
     p.add_argument("--determinism_cost", action="store_true",
                    help="faultfree: also a baseline run with --deterministic flipped")
-    p.add_argument("--run_timeout", type=float, default=400,
-                   help="seconds one recovery or fault-free run may take")
+    p.add_argument("--run_timeout", type=float,
+                   help="seconds one recovery or fault-free run may take (default: RUN_LIMITS, "
+                        "per mode, sized for llama-1b on 2x H200)")
     a = p.parse_args(argv)
     global DEVICE
     DEVICE = a.device
