@@ -7,7 +7,8 @@ Definitions (also in the README):
 - useful steps: the steps that survive into the final model (each step number counted once,
   from where this run started); replayed steps are not useful.
 - training_goodput_pct = 100 * useful_steps * step_time / wall_seconds.
-- per fault: recovery_seconds = fault -> first step completed after it; the breakdown stamps
+- per fault: recovery_seconds = fault -> first step completed after it (the step event's
+  `done`: on GPUs the event itself is written one step later); the breakdown stamps
   detection, restart (new attempt), process group ready, state loaded, first step;
   steps_lost = last step completed before the fault - step resumed from.
 - infra_goodput_pct = 100 * (wall - sum of fault -> training resumed) / wall.
@@ -34,6 +35,12 @@ _PHASES = (("detected", ("abort", "worker_failed")),
            ("model_ready", ("model_ready",)),
            ("buffers_ready", ("buffers_ready",)),
            ("loaded", ("ckpt_load", "snapshot_load", "train_start")))
+
+
+def _done(step: dict) -> float:
+    """When a step's work completed: on GPUs its event is written one step later, when the
+    figures are read back (older event logs have only that time)."""
+    return step.get("done") or step["t"]
 
 
 def _first_after(events: list[dict], t: float, names: Iterable[str], until: float) -> Optional[dict]:
@@ -88,7 +95,7 @@ def summarize(events: list[dict], max_steps: int, checkpoint_interval: int) -> d
         first = _first_after(events, resumed["t"] if resumed else t_f, ("step",), until)
         rec["breakdown_seconds"] = stamps
         rec["resumed_from_step"] = resumed["step"] if resumed else None
-        rec["recovery_seconds"] = first["t"] - t_f if (first and resumed) else None
+        rec["recovery_seconds"] = _done(first) - t_f if (first and resumed) else None
         # Steps finished before the restart (some ranks finish the faulting step's neighbours
         # after the fault is stamped) and not in the state resumed from are trained again.
         last_done = max((s["step"] for s in steps if s["t"] < (resumed or f)["t"]), default=start_step)

@@ -28,6 +28,7 @@ class StepRecord:
     end: Optional["torch.cuda.Event"] = None
     dt: float = 0.0
     stall: float = 0.0
+    done: float = 0.0                        # wall clock when the step's work completed
     indices: list = field(default_factory=list)
 
     @property
@@ -56,6 +57,14 @@ class StepReadback:
         self.device = device
         self._wait = wait  # polls, never blocks in CUDA: see train.wait_for_device
         self._queue: deque[StepRecord] = deque()
+        self._anchor: Optional["torch.cuda.Event"] = None
+        if device.type == "cuda":
+            # A device event at a known wall time: a step's completion time is this plus the
+            # device time between the two, not the later moment the host reads it back.
+            self._anchor = torch.cuda.Event(enable_timing=True)
+            self._anchor.record()
+            self._anchor.synchronize()
+            self._anchor_t = time.time()
 
     def begin(self, step: int, lr: float) -> StepRecord:
         rec = StepRecord(step, lr, torch.empty(0), time.perf_counter())
@@ -73,6 +82,7 @@ class StepReadback:
         else:
             rec.host = stats
             rec.dt = time.perf_counter() - rec.t0
+            rec.done = time.time()
         self._queue.append(rec)
 
     def settle(self) -> list[StepRecord]:
@@ -93,6 +103,7 @@ class StepReadback:
             if rec.end is not None:
                 self._wait(self.device, rec.end)
                 rec.dt = rec.start.elapsed_time(rec.end) / 1000.0
+                rec.done = self._anchor_t + self._anchor.elapsed_time(rec.end) / 1000.0
             out.append(rec)
         return out
 

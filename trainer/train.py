@@ -277,7 +277,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         perf.add(rec.dt)
         if env.rank == 0:
             events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall, loss=rec.loss,
-                        grad_norm=rec.grad_norm)
+                        grad_norm=rec.grad_norm, done=rec.done)
         if cfg.trace_samples:
             events.emit("samples", step=rec.step, indices=rec.indices)
         window.add(rec)

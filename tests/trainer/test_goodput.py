@@ -42,3 +42,14 @@ def test_one_fault_timeline():
 def test_no_events_is_an_error():
     with pytest.raises(ValueError):
         summarize([], 10, 0)
+
+
+def test_recovery_ends_when_the_first_step_completed_not_when_it_was_read_back():
+    """On GPUs a step's event is written one step later; its `done` stamp says when it ended."""
+    ev = [_ev(0.0, "launch"), _ev(1.0, "train_start", step=0), _ev(2.0, "step", step=1, dt=1.0),
+          _ev(3.0, "fault", step=2, type="exception"), _ev(4.0, "attempt_start", iteration=1),
+          _ev(4.5, "snapshot_load", step=1, tier="memory"), _ev(4.5, "train_start", step=1),
+          _ev(6.0, "step", step=2, dt=0.5, done=5.0), _ev(6.5, "step", step=3, dt=0.5, done=5.5),
+          _ev(7.0, "train_end", steps_completed=3)]
+    (f,) = summarize(ev, max_steps=3, checkpoint_interval=0)["faults"]
+    assert f["recovery_seconds"] == pytest.approx(5.0 - 3.0)
