@@ -63,7 +63,7 @@ class StepReadback:
             # device time between the two, not the later moment the host reads it back.
             self._anchor = torch.cuda.Event(enable_timing=True)
             self._anchor.record()
-            self._anchor.synchronize()
+            self._wait(device, self._anchor)  # the restore has synchronized: at once
             self._anchor_t = time.time()
 
     def begin(self, step: int, lr: float) -> StepRecord:
