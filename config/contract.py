@@ -13,6 +13,7 @@ import it, and an install without torch must still synthesize and submit.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 # --- GPU node group ---------------------------------------------------------------------------
@@ -125,6 +126,13 @@ MODE_NAMES: tuple[str, ...] = tuple(m.value for m in RecoveryMode)
 # --- Snapshot tiers: host memory ----------------------------------------------------------------
 SNAPSHOT_SLOTS = 2  # own snapshot slots: double buffering
 PEER_SLOTS = 2  # replica slots: the previous replica stays valid while the next arrives
+
+
+def nccl_heartbeat_timeout_s(nccl_timeout_s: float, hard_timeout_s: float) -> int:
+    """PyTorch's watchdog-of-the-watchdog (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC): it must never fire
+    before a collective timeout or the Wrapper's hard timeout has had its chance, and it bounds
+    a watchdog stuck after a timeout (in its debug dump, say), which by default may take 480 s."""
+    return math.ceil(2 * max(nccl_timeout_s, hard_timeout_s))
 
 
 def own_slots(peer: bool, durable: bool) -> int:

@@ -8,11 +8,9 @@ in-process restart wants it to live so the NVRx Wrapper can abort and re-enter.
 
 from __future__ import annotations
 
-import math
-
 from cdk8s_plus_35 import k8s
 
-from config import InstanceSpec
+from config import InstanceSpec, contract
 from k8s import naming
 from k8s.deployment import Deployment
 
@@ -56,9 +54,7 @@ def network_env(spec: InstanceSpec) -> dict[str, str]:
 def recovery_env(dep: Deployment) -> dict[str, str]:
     """PyTorch NCCL watchdog behaviour matching the recovery mode and the profile's timeouts."""
     rec = dep.profile.recovery
-    # The watchdog-of-the-watchdog must never fire before a collective timeout or the
-    # Wrapper's hard timeout has had its chance.
-    heartbeat = math.ceil(2 * max(rec.nccl_timeout_s, rec.hard_timeout_s))
+    heartbeat = contract.nccl_heartbeat_timeout_s(rec.nccl_timeout_s, rec.hard_timeout_s)
     env = {
         # 3: tear the process down on a NCCL error/timeout (Job or launcher restarts it);
         # 2: only abort the communicator, so the error surfaces as an exception that the

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
+from config.contract import nccl_heartbeat_timeout_s
 from trainer.config import MODES
 from trainer.events import EventLog
 from trainer.lease import RUN_ID_ENV
@@ -96,6 +97,14 @@ def _trainer_args(args: argparse.Namespace, rest: list[str], run_dir: Path) -> l
     return out
 
 
+def _launcher_env(spec: LaunchSpec, final: Path, nccl_heartbeat_s: int) -> dict:
+    """The launcher's environment; PyTorch's NCCL watchdog is bounded as in the manifests."""
+    env = {**launch_env(spec), FINAL_ERROR_ENV: str(final)}
+    env.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
+    env.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(nccl_heartbeat_s))
+    return env
+
+
 def _start(args, trainer_args: list[str], run_dir: Path, port: int, attempt: int,
            final: Path) -> list[subprocess.Popen]:
     procs = []
@@ -107,7 +116,7 @@ def _start(args, trainer_args: list[str], run_dir: Path, port: int, attempt: int
                           args.max_restarts, args.heartbeat_timeout, args.initial_heartbeat_timeout,
                           args.monitor_interval, rdzv_id=f"local-{port}-{attempt}")
         log = open(run_dir / f"node{node}.log", "ab")
-        env = {**launch_env(spec), FINAL_ERROR_ENV: str(final)}
+        env = _launcher_env(spec, final, args.nccl_heartbeat_s)
         procs.append(subprocess.Popen(build_command(spec, node_args), env=env,
                                       stdout=None if node == 0 else log, stderr=subprocess.STDOUT
                                       if node else None, start_new_session=True))
@@ -218,6 +227,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m trainer.local")
     if args.heartbeat_timeout is None:
         args.heartbeat_timeout = default_heartbeat_timeout(args.mode, cfg.hard_timeout)
+    args.nccl_heartbeat_s = nccl_heartbeat_timeout_s(cfg.collective_timeout("cuda"),
+                                                     cfg.hard_timeout)
     check(LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, 0, "127.0.0.1", 0,
                      heartbeat_timeout=args.heartbeat_timeout), cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
