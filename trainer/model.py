@@ -65,7 +65,6 @@ def build_model(ref: str, seed: int, device: "torch.device | str" = "cpu"):
     On the `meta` device nothing is allocated: the caller shards first, then materializes.
     """
     import torch
-
     from transformers import LlamaForCausalLM
 
     config = llama_config(ref)
