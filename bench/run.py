@@ -236,27 +236,34 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
     return res
 
 
+THROUGHPUT_RUNS = ("eager", "compiled", "compiled-ft")
+
+
 def throughput(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
-               tiers: str, snapshot_interval: int, staging: str, extra: list[str],
-               data: Optional[str]) -> dict:
+               tiers: str, snapshot_interval: int, stagings: list[str], extra: list[str],
+               data: Optional[str], runs: list[str]) -> dict:
     """Step time and MFU side by side: eager, compiled, and compiled with the fault-tolerance
-    machinery on (one async checkpoint half-way, snapshots in `tiers`), so one table shows how
-    fast the loop runs and what protecting it costs at that speed. `tiers` "none" leaves the
-    snapshots out: an 8B shard's slots do not fit the host memory of two H200s."""
+    machinery on (one async checkpoint half-way, snapshots in `tiers` staged each way in
+    `stagings`), so one table shows how fast the loop runs and what protecting it costs at that
+    speed. `tiers` "none" leaves the snapshots out: an 8B shard's slots do not fit the host
+    memory of two H200s."""
     base = [*_model_args(model, batch, seq, data), "--max_steps", str(steps), *extra]
-    ft = ["--checkpoint_interval", str(steps // 2), "--final_checkpoint", "false"]
-    if tiers != "none":
-        ft += ["--tiers", tiers, "--snapshot_interval", str(snapshot_interval),
-               "--snapshot_staging", staging]
-    runs = {"eager": NO_CHECKPOINT,
-            "compiled": ["--compile", "true", *NO_CHECKPOINT],
-            "compiled-ft": ["--compile", "true", *ft]}
+    ft = ["--compile", "true", "--checkpoint_interval", str(steps // 2), "--final_checkpoint", "false"]
+    if tiers == "none":
+        protected = {"compiled-ft": ft}
+    else:
+        protected = {f"compiled-ft-{staging}": [
+            *ft, "--tiers", tiers, "--snapshot_interval", str(snapshot_interval),
+            "--snapshot_staging", staging] for staging in stagings}
+    groups = {"eager": {"eager": NO_CHECKPOINT},
+              "compiled": {"compiled": ["--compile", "true", *NO_CHECKPOINT]},
+              "compiled-ft": protected}
     label = f"throughput-{model}-seq{seq}-b{batch}"
     res: dict = {}
-    for kind, flags in runs.items():
+    for kind, flags in ((k, f) for group in runs for k, f in groups[group].items()):
         run = _train(f"{label}-{kind}", out, "baseline", nproc, [*base, *flags], timeout=400)
         res[run["name"]] = _loop_mfu(run)
-        if kind == "compiled-ft":
+        if kind.startswith("compiled-ft") and f"{label}-compiled" in res:
             _versus(run, res[f"{label}-compiled"])
         _save(out, label, res)
     return res
@@ -392,8 +399,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="throughput: the fault-tolerant run's snapshot tiers, or none")
     p.add_argument("--snapshot_interval", type=int, default=1,
                    help="throughput: steps between snapshots in the fault-tolerant run")
-    p.add_argument("--snapshot_staging", default="host", choices=SNAPSHOT_STAGING,
-                   help="throughput: the fault-tolerant run's --snapshot_staging")
+    p.add_argument("--snapshot_staging", default="host",
+                   help="throughput: the fault-tolerant runs' --snapshot_staging, one run each "
+                        f"(comma-separated from {', '.join(SNAPSHOT_STAGING)})")
+    p.add_argument("--throughput_runs", default=",".join(THROUGHPUT_RUNS),
+                   help="throughput: which of eager, compiled and compiled-ft to run")
     p.add_argument("--activation_checkpointing", default="none",
                    choices=ACTIVATION_CHECKPOINTING,
                    help="throughput: the trainer's --activation_checkpointing in every run")
@@ -408,6 +418,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="seconds one recovery or fault-free run may take (default: RUN_LIMITS, "
                         "per mode, sized for llama-1b on 2x H200)")
     a = p.parse_args(argv)
+    for value, allowed, flag in ((a.snapshot_staging, SNAPSHOT_STAGING, "--snapshot_staging"),
+                                 (a.throughput_runs, THROUGHPUT_RUNS, "--throughput_runs")):
+        bad = [v for v in value.split(",") if v not in allowed]
+        if bad:
+            p.error(f"{flag} {bad[0]!r}: choose from {', '.join(allowed)}")
     global DEVICE
     DEVICE = a.device
     a.out.mkdir(parents=True, exist_ok=True)
@@ -429,8 +444,9 @@ def main(argv: Optional[list[str]] = None) -> int:
               a.data_path)
     if a.what == "throughput":
         throughput(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.throughput_steps,
-                   a.tiers, a.snapshot_interval, a.snapshot_staging,
-                   ["--activation_checkpointing", a.activation_checkpointing], a.data_path)
+                   a.tiers, a.snapshot_interval, a.snapshot_staging.split(","),
+                   ["--activation_checkpointing", a.activation_checkpointing], a.data_path,
+                   a.throughput_runs.split(","))
     if a.what == "profile":
         profile_steps(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.data_path)
     if a.what in ("bundle", "all"):
