@@ -41,6 +41,12 @@ def _read(path: Path) -> Optional[dict]:
         return None
 
 
+def existing_lineage(checkpoint_dir: str | Path) -> Optional[str]:
+    """The directory's identity if a run has created it already (None: a first start)."""
+    found = _read(Path(checkpoint_dir) / RUN_FILE)
+    return found["lineage"] if found else None
+
+
 def lineage_id(checkpoint_dir: str | Path) -> str:
     """The directory's identity, created by whichever rank gets there first."""
     path = Path(checkpoint_dir) / RUN_FILE

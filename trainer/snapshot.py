@@ -73,6 +73,18 @@ def read_header(path: Path) -> Optional[dict]:
         return None
 
 
+def warm_slots(root: Path, rank: int, pin: bool) -> None:
+    """A restarted process: map and pin the slots its predecessor left, newest snapshot first,
+    in the background while the process group and the model are built (HostBuffer.warm)."""
+    found = [(f, read_header(f.with_suffix(".json"))) for f in Path(root).glob(f"rank{rank:05d}.slot*.buf")]
+    layouts = [Layout.from_json(h["layout"]) for _, h in found if h and "layout" in h]
+    if not layouts:
+        return
+    found = [(f, h) for f, h in found if f.stat().st_size >= layouts[0].total_bytes]
+    found.sort(key=lambda fh: fh[1].get("step", -1) if fh[1] else -1, reverse=True)
+    HostBuffer.warm([(f, layouts[0]) for f, _ in found], pin)
+
+
 class Snapshotter:
     def __init__(self, root: Path, *, rank: int, world_size: int, local_world_size: int,
                  device: torch.device, tiers: tuple[str, ...], budget_gib: float,
@@ -142,9 +154,9 @@ class Snapshotter:
             return
         self._check_space(need)
         pin = self.device.type == "cuda"
-        self.slots = [Slot(HostBuffer.open(self._path(f"rank{self.rank:05d}.slot{i}.buf"), layout, pin),
-                           self._path(f"rank{self.rank:05d}.slot{i}.json"))
-                      for i in range(own_slots(self.peer_enabled, self.durable))]
+        names = [f"rank{self.rank:05d}.slot{i}" for i in range(own_slots(self.peer_enabled, self.durable))]
+        buffers = HostBuffer.open_all([self._path(f"{n}.buf") for n in names], layout, pin)
+        self.slots = [Slot(buf, self._path(f"{n}.json")) for buf, n in zip(buffers, names)]
         for slot in self.slots:  # adopt what a previous process of this rank left (node tier)
             h = read_header(slot.header)
             if h and h.get("world_size") == self.world_size and Layout.from_json(h["layout"]) == layout:

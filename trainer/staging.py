@@ -9,9 +9,10 @@ One flat buffer per rank, file-backed (`/dev/shm` by default) and mapped shared,
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional, Sequence
 
 import torch
 
@@ -74,6 +75,10 @@ def map_file(path: Path, nbytes: int, writable: bool) -> torch.Tensor:
     return torch.from_file(str(path), shared=writable, size=nbytes, dtype=torch.uint8)
 
 
+def _current_device() -> Optional[int]:
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
 class HostBuffer:
     """A shared, optionally CUDA-pinned, file-backed buffer holding one shard layout.
 
@@ -84,22 +89,75 @@ class HostBuffer:
     """
 
     _open: dict[Path, "HostBuffer"] = {}
+    _warming: dict[Path, threading.Thread] = {}
     _lock = threading.Lock()
 
     @classmethod
     def open(cls, path: Path, layout: Layout, pin: bool) -> "HostBuffer":
         key = Path(path).resolve()
         with cls._lock:
+            warming = cls._warming.pop(key, None)
+        if warming is not None:
+            warming.join()
+        with cls._lock:
             buf = cls._open.get(key)
-            if buf is not None and buf.layout == layout:
-                if pin:
-                    buf._pin()
-                return buf
-            if buf is not None:
-                buf.close()
-            buf = cls(key, layout, pin)
-            cls._open[key] = buf
+        if buf is not None and buf.layout == layout:
+            if pin:
+                buf._pin()
             return buf
+        if buf is not None:
+            buf.close()
+        buf = cls(key, layout, pin)  # outside the lock: open_all builds buffers in parallel
+        with cls._lock:
+            cls._open[key] = buf
+        return buf
+
+    @classmethod
+    def open_all(cls, paths: Sequence[Path], layout: Layout, pin: bool) -> list["HostBuffer"]:
+        """`open` of several buffers at once: first-touching and pinning gigabytes runs on
+        every buffer in parallel (both release the GIL)."""
+        device = _current_device() if pin else None
+        if len(paths) < 2:
+            return [cls.open(p, layout, pin) for p in paths]
+
+        def one(path: Path) -> "HostBuffer":
+            if device is not None:
+                torch.cuda.set_device(device)
+            return cls.open(path, layout, pin)
+
+        with ThreadPoolExecutor(len(paths), thread_name_prefix="buffer-open") as pool:
+            return list(pool.map(one, paths))
+
+    @classmethod
+    def warm(cls, files: Sequence[tuple[Path, Layout]], pin: bool) -> None:
+        """Map and pin, on a background thread, buffers that an earlier process left: a
+        restarted process calls this before it builds its process group and model, and its
+        `open` then finds them ready instead of pinning gigabytes on the restart's critical
+        path. Best effort: whatever fails here, `open` does again and reports."""
+        todo = [(Path(p).resolve(), layout) for p, layout in files]
+        with cls._lock:
+            todo = [(p, lay) for p, lay in todo if p not in cls._open and p not in cls._warming]
+        if not todo:
+            return
+        device = _current_device() if pin else None
+
+        def run() -> None:
+            if device is not None:
+                torch.cuda.set_device(device)
+            for path, layout in todo:
+                try:
+                    buf = cls(path, layout, pin)
+                except Exception:  # noqa: BLE001 - open() retries and raises
+                    continue
+                with cls._lock:
+                    kept = cls._open.setdefault(path, buf)
+                if kept is not buf:
+                    buf.close()
+
+        thread = threading.Thread(target=run, daemon=True, name="buffer-warm")
+        with cls._lock:
+            cls._warming.update({p: thread for p, _ in todo})
+        thread.start()
 
     def __init__(self, path: Path, layout: Layout, pin: bool):
         self.path = Path(path)

@@ -172,6 +172,7 @@ def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, g
 def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log):
     """Process group, model, optimizer and the state keeper, restored to the newest state every
     rank can get. (The process group too: its rendezvous waits for the slowest rank.)"""
+    StateKeeper.warm(cfg, env)
     init_process_group(env, cfg.collective_timeout(env.device.type), hooks.store)
     events.emit("pg_ready", iteration=hooks.iteration)
     t0 = time.perf_counter()

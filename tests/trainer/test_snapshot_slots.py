@@ -7,8 +7,8 @@ import torch
 from trainer.config import ConfigError
 from trainer.events import EventLog
 from config.contract import own_slots, snapshot_bytes
-from trainer.snapshot import Snapshotter
-from trainer.staging import Layout
+from trainer.snapshot import Snapshotter, warm_slots
+from trainer.staging import HostBuffer, Layout
 
 
 def _snapshotter(tmp_path, durable: bool) -> Snapshotter:
@@ -56,3 +56,43 @@ def test_slots_larger_than_the_node_directory_are_a_clear_error_before_any_file(
     with pytest.raises(ConfigError, match=r"snapshot buffers of the node's 1 rank\(s\) need .* GiB"):
         snap.allocate(huge)
     assert not list(tmp_path.glob("*.buf"))
+
+
+def _under(registry: dict, root) -> dict:
+    return {path: v for path, v in registry.items() if path.parent == root.resolve()}
+
+
+def test_a_restarted_process_gets_the_slots_its_predecessor_left_mapped_in_the_background(tmp_path):
+    """warm_slots maps (and on a GPU pins) the previous process's slots before the model exists;
+    the new snapshotter's allocate then reuses those very buffers, contents and headers intact."""
+    first = _snapshotter(tmp_path, durable=True)
+    for step in (1, 2, 3):
+        first.take(step, _state(step), {"step": step})
+    first.close()  # a process ending: the files stay for the node tier
+    assert not _under(HostBuffer._open, tmp_path)
+
+    warm_slots(tmp_path, rank=0, pin=False)
+    threads = set(_under(HostBuffer._warming, tmp_path).values())
+    assert len(threads) == 1
+    threads.pop().join(timeout=30)
+    warmed = _under(HostBuffer._open, tmp_path)
+    assert len(warmed) == 3
+
+    second = _snapshotter(tmp_path, durable=True)
+    second.allocate(Layout.of(_state(0)))
+    assert {id(s.buffer) for s in second.slots} == {id(b) for b in warmed.values()}
+    assert not _under(HostBuffer._warming, tmp_path)
+    assert second.newest().step == 3 and float(second.newest().buffer.views["w"][0]) == 3
+    second.close(remove=True)
+
+
+def test_buffers_open_in_parallel_and_a_new_layout_replaces_an_open_buffer(tmp_path):
+    small, large = Layout.of(_state(1)), Layout.of({"w": torch.zeros(4096)})
+    paths = [tmp_path / f"b{i}.buf" for i in range(3)]
+    bufs = HostBuffer.open_all(paths, small, pin=False)
+    assert [b.path for b in bufs] == [p.resolve() for p in paths]
+    assert HostBuffer.open(paths[0], small, pin=False) is bufs[0]
+    replaced = HostBuffer.open(paths[0], large, pin=False)
+    assert replaced is not bufs[0] and replaced.layout == large and bufs[0].flat is None
+    for b in (replaced, *bufs[1:]):
+        b.close(unlink=True)
