@@ -7,7 +7,8 @@ This separates the candidates, each alone and then beside a running copy to host
 - a bf16 matrix product (does the copy take compute or memory bandwidth?);
 - the copy itself, on one GPU alone and on all at once (a shared PCIe or host-memory limit?),
   into memory from cudaHostAlloc and into a registered /dev/shm mapping (what the slots are);
-- a device-to-device copy of the same size (the device stage).
+- a device-to-device copy of the same size (the device stage);
+- a step's small input and loss copies, queued on the compute stream while the big copy runs.
 
     python -m bench.contention --out bench/results [--gib 4]
 
@@ -103,6 +104,24 @@ def _worker(rank: int, world: int, nbytes: int, out: str) -> None:
                 bg.start(n)
             ms = 1e3 * _timed(fn, 20)
             res[f"{wname}_{cname}"] = ms
+            torch.cuda.synchronize()
+    # a step's input (128 KB host to device) and its loss (device to host) queued on the
+    # compute stream just after the snapshot's copy started on its own stream: do they wait
+    # for all of it (one copy engine, one transfer at a time)?
+    small_host = torch.ones(16384, dtype=torch.int64, pin_memory=True)
+    small_dev = torch.ones(16384, dtype=torch.int64, device="cuda")
+    smalls = {"small_h2d_ms": lambda: small_dev.copy_(small_host, non_blocking=True),
+              "small_d2h_ms": lambda: small_host.copy_(small_dev, non_blocking=True)}
+    for sname, fn in smalls.items():
+        for cname, (bg, n) in copies.items():
+            dist.barrier()
+            torch.cuda.synchronize()
+            if bg is not None:
+                bg.start(1)
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.current_stream().synchronize()
+            res[f"{sname}_{cname}"] = 1e3 * (time.perf_counter() - t0)
             torch.cuda.synchronize()
     res["all_gather_bytes"] = gathered.numel() * 2
     res["all_gather_GBps_alone"] = gathered.numel() * 2 * (world - 1) / world / (
