@@ -262,11 +262,9 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
                             env.rank, env.device)
     window = Window(time.perf_counter())
 
-    position = sampler.state_dict()  # the sampler after the newest step's batches
-
     def state_meta(at_step: int) -> dict:
         # The newest loss already on the host (on a GPU, one step older than the state).
-        return _meta(at_step, position, env, hooks, last_loss, global_batch)
+        return _meta(at_step, sampler, env, hooks, last_loss, global_batch)
 
     def verify(rec: StepRecord) -> None:
         if not (math.isfinite(rec.loss) and math.isfinite(rec.grad_norm)):
@@ -288,35 +286,26 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
             log(window.line(rec.step, cfg.max_steps, perf))
             window.reset(time.perf_counter())
 
-    def load_batches() -> tuple[list[int], list[torch.Tensor]]:
-        indices, micro = [], []
-        for _ in range(accum):
-            drawn = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
-            indices.extend(drawn)
-            micro.append(to_device(np.stack([data.sample(i) for i in drawn]), env.device))
-        return indices, micro
-
-    def one_step(batches: Optional[tuple[list[int], list[torch.Tensor]]]) -> StepRecord:
+    def one_step() -> StepRecord:
         rec = readback.begin(step + 1, lr_at(step, cfg))
-        indices, micro = batches or load_batches()
-        rec.indices.extend(indices)
+        micro = []
+        for _ in range(accum):
+            indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
+            rec.indices.extend(indices)
+            micro.append(to_device(np.stack([data.sample(i) for i in indices]), env.device))
         stats = train_step(model, optimizer, micro, rec.lr, cfg.grad_clip, env.world_size,
                            tokens_per_step, keeper.fence)
         readback.queue(rec, stats)
         return rec
 
-    upcoming = None  # the next step's batches, queued to the device before the snapshot copy
-
     while step < cfg.max_steps:
         faults.at_step(step + 1)
         profiler.before(step + 1)
         if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: a phase
-            rec = hooks.phase("first_step", lambda: one_step(upcoming), cfg.startup_timeout,
-                              env.device)
+            rec = hooks.phase("first_step", one_step, cfg.startup_timeout, env.device)
         else:
-            rec = one_step(upcoming)
+            rec = one_step()
         step += 1
-        position = sampler.state_dict()
         if (profile := profiler.after(step)) is not None:
             log(profile_line(profile, profiler.out_dir))
         hooks.steps_done += 1
@@ -324,9 +313,6 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         if keeper.saves_durably(step):  # only verified steps reach the durable tier
             for pending in readback.settle():
                 verify(pending)
-        # A copy engine runs one transfer at a time: an input copy queued behind the snapshot's
-        # gigabytes would hold the next step up for all of them, so it goes first.
-        upcoming = load_batches() if step < cfg.max_steps else None
         rec.stall = keeper.after_step(step, model, optimizer, state_meta)
         for done in readback.ready():  # on a GPU: the previous step, while this one runs
             report(done)
@@ -347,10 +333,10 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     return summary
 
 
-def _meta(step: int, sampler_state: dict, env: DistEnv, hooks: Hooks, loss: float,
+def _meta(step: int, sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float,
           global_batch: int) -> dict:
     """Everything besides tensors that a resume needs; JSON-able (snapshot headers are JSON)."""
-    meta = {"step": step, "sampler": sampler_state, "rng": rng_state(env.device),
+    meta = {"step": step, "sampler": sampler.state_dict(), "rng": rng_state(env.device),
             "loss": loss, "global_batch_size": global_batch, "saved_at": time.time()}
     meta.update({key: fn() for key, fn in hooks.meta.items()})
     return meta
