@@ -14,6 +14,7 @@ BENCHMARKS.md. Training runs go through the local runner exactly as a user would
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -212,25 +213,33 @@ def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int
     return res
 
 
+PROFILE_VARIANTS = {"clean": NO_CHECKPOINT,
+                    "snapshots": [*TIERS, *NO_CHECKPOINT],
+                    "snapshots-write": [*TIERS, "--checkpoint_interval", "20"]}
+
+
 def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
-                  data: Optional[str]) -> dict:
+                  data: Optional[str], variants: list[str], extra: list[str]) -> dict:
     """A torch.profiler window over steps 21-25: where a step's device time goes (compute,
-    collectives, copies by direction, so peer-to-peer or through the host). Three windows
-    side by side: no checkpoints; snapshots of every step; and snapshots while the durable
-    write of step 20 runs, to show what a background write slows down."""
-    variants = {"clean": NO_CHECKPOINT,
-                "snapshots": [*TIERS, *NO_CHECKPOINT],
-                "snapshots-write": [*TIERS, "--checkpoint_interval", "20"]}
+    collectives, copies by direction, so peer-to-peer or through the host). Up to three
+    windows side by side: no checkpoints; snapshots of every step; and snapshots while the
+    durable write of step 20 runs, to show what a background write slows down. Rank 0's
+    timeline comes back gzipped beside the results (`<out>/<run>.trace.json.gz`), for what
+    the per-operator totals cannot show: which wait holds a step."""
     res: dict = {}
-    for variant, flags in variants.items():
+    for variant in variants:
         name = f"profile-{model}-{variant}"
         run = _train(name, out, "baseline", nproc, [*_model_args(model, batch, seq, data),
-                     "--max_steps", "30", *flags, "--profile_from", "21",
-                     "--profile_steps", "5"], timeout=300)
-        summary = ROOT / "runs" / "bench" / name / "profile" / "summary.json"
-        if summary.is_file():
-            run["profile"] = json.loads(summary.read_text())
-            shutil.copy(summary.with_suffix(".txt"), LOGS / f"{name}.summary.txt")
+                     "--max_steps", "30", *PROFILE_VARIANTS[variant], *extra,
+                     "--profile_from", "21", "--profile_steps", "5"], timeout=300)
+        profile = ROOT / "runs" / "bench" / name / "profile"
+        if (profile / "summary.json").is_file():
+            run["profile"] = json.loads((profile / "summary.json").read_text())
+            shutil.copy(profile / "summary.txt", LOGS / f"{name}.summary.txt")
+        trace = profile / "rank00000.trace.json"
+        if trace.is_file():
+            with open(trace, "rb") as src, gzip.open(out / f"{name}.trace.json.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
         res[name] = run
         _save(out, f"profile-{model}", res)
     return res
@@ -407,6 +416,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--activation_checkpointing", default="none",
                    choices=ACTIVATION_CHECKPOINTING,
                    help="throughput: the trainer's --activation_checkpointing in every run")
+    p.add_argument("--profile_variants", default=",".join(PROFILE_VARIANTS),
+                   help="profile: which windows to record")
+    p.add_argument("--compile", action="store_true",
+                   help="profile: the trainer's --compile true in every window")
     p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
     p.add_argument("--data_path")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")
@@ -419,7 +432,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "per mode, sized for llama-1b on 2x H200)")
     a = p.parse_args(argv)
     for value, allowed, flag in ((a.snapshot_staging, SNAPSHOT_STAGING, "--snapshot_staging"),
-                                 (a.throughput_runs, THROUGHPUT_RUNS, "--throughput_runs")):
+                                 (a.throughput_runs, THROUGHPUT_RUNS, "--throughput_runs"),
+                                 (a.profile_variants, tuple(PROFILE_VARIANTS), "--profile_variants")):
         bad = [v for v in value.split(",") if v not in allowed]
         if bad:
             p.error(f"{flag} {bad[0]!r}: choose from {', '.join(allowed)}")
@@ -448,7 +462,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    ["--activation_checkpointing", a.activation_checkpointing], a.data_path,
                    a.throughput_runs.split(","))
     if a.what == "profile":
-        profile_steps(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.data_path)
+        profile_steps(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.data_path,
+                      a.profile_variants.split(","), ["--compile", "true"] if a.compile else [])
     if a.what in ("bundle", "all"):
         bundle(a.out)
     return 0

@@ -1,8 +1,8 @@
 """A torch.profiler window over a few training steps, and where their device time went.
 
 Each rank writes a Chrome trace (open it in Perfetto) and rank 0 a summary: the top operators by
-device time, and the device time per category (compute kernels, NCCL collectives, copies by
-direction). The copy categories answer the first tuning question on a multi-GPU node: do the
+device time, the device time per category (compute kernels, NCCL collectives, copies by
+direction), and the host's time in calls that wait for the device. The copy categories answer the first tuning question on a multi-GPU node: do the
 GPUs exchange FSDP traffic peer to peer (NVLink), or through host memory?
 """
 
@@ -20,6 +20,15 @@ CATEGORIES = (("nccl", "collectives"), ("c10d::", "collectives"), ("gloo", "coll
               ("memcpy dtoh", "copy device to host"),
               ("memcpy htod", "copy host to device"), ("memcpy ptop", "copy peer to peer"),
               ("memcpy dtod", "copy device to device"), ("memset", "memset"))
+
+
+# Host calls that wait for the device: a step that makes one cannot queue work ahead of it.
+HOST_WAITS = ("synchronize", "_local_scalar_dense", "cudamemcpy")
+
+
+def host_wait(name: str) -> bool:
+    low = name.lower()
+    return any(w in low for w in HOST_WAITS) and "async" not in low
 
 
 def category(name: str) -> str:
@@ -86,7 +95,10 @@ def summarize(prof: profile, steps: int) -> dict:
         per_category[label] = per_category.get(label, 0.0) + us
         ops.append((us, avg.key, label))
     ops.sort(reverse=True)
+    waits = {a.key: a.self_cpu_time_total / 1e3 / steps for a in averages
+             if host_wait(a.key) and a.self_cpu_time_total > 0}
     return {"steps": steps, "time": "device" if on_device else "cpu",
+            "host_wait_ms_per_step": dict(sorted(waits.items(), key=lambda kv: -kv[1])),
             "ms_per_step_by_category": {k: v / 1e3 / steps for k, v in
                                         sorted(per_category.items(), key=lambda kv: -kv[1])},
             "top_ops_ms_per_step": [{"op": k, "category": c, "ms": us / 1e3 / steps}
@@ -96,5 +108,6 @@ def summarize(prof: profile, steps: int) -> dict:
 def profile_line(summary: dict, out_dir: Path) -> str:
     """One log line: the time per step of each category."""
     parts = ", ".join(f"{k} {v:.1f} ms" for k, v in summary["ms_per_step_by_category"].items())
+    waits = sum(summary.get("host_wait_ms_per_step", {}).values())
     return f"profile of {summary['steps']} steps ({summary['time']} time per step): {parts}; " \
-           f"details in {out_dir}"
+           f"host waiting for the device {waits:.1f} ms; details in {out_dir}"

@@ -5,7 +5,7 @@ import json
 
 from tests.trainer.conftest import ok, results, run_local
 
-from trainer.profiling import category
+from trainer.profiling import category, host_wait
 
 
 def test_profile_window_writes_traces_and_a_summary(cache_dir, tmp_path):
@@ -23,6 +23,7 @@ def test_profile_window_writes_traces_and_a_summary(cache_dir, tmp_path):
     by_category = summary["ms_per_step_by_category"]
     assert by_category["compute"] > 0 and by_category["collectives"] > 0
     assert any(op["op"].startswith("aten::mm") for op in summary["top_ops_ms_per_step"])
+    assert isinstance(summary["host_wait_ms_per_step"], dict)
     assert "profile of 2 steps" in proc.stdout
 
 
@@ -32,3 +33,10 @@ def test_operator_names_map_to_categories():
     assert category("Memcpy DtoH (Device -> Pinned)") == "copy device to host"
     assert category("Memcpy PtoP (Device -> Device)") == "copy peer to peer"
     assert category("sm90_xmma_gemm_bf16bf16_bf16f32") == "compute"
+
+
+def test_host_calls_that_wait_for_the_device_are_told_apart():
+    assert host_wait("cudaStreamSynchronize") and host_wait("cudaEventSynchronize")
+    assert host_wait("aten::_local_scalar_dense") and host_wait("cudaMemcpy")
+    assert not host_wait("cudaMemcpyAsync") and not host_wait("cudaEventQuery")
+    assert not host_wait("aten::mm")
