@@ -42,6 +42,7 @@ from trainer.events import EventLog
 from trainer.staging import DeviceStage, HostBuffer, Layout
 
 _CHUNK = 256 << 20  # peer transfers go in pieces: bounded gloo messages, steady progress
+COMMIT_POLL_S = 0.001  # how often the committer looks at a running copy
 SLOW_SNAPSHOT_ENV = "NVRX_EKS_SLOW_SNAPSHOT_S"  # fault-injection knob: widens the copy window
 
 
@@ -272,7 +273,10 @@ class Snapshotter:
         while (item := self._copies.get()) is not None:
             slot, pending = item
             try:
-                pending[2].synchronize()
+                # Polled: cudaEventSynchronize spin-waits inside the driver, on a thread beside
+                # the one that launches the next step's kernels, for the whole copy.
+                while not pending[2].query():
+                    time.sleep(COMMIT_POLL_S)
             except RuntimeError:  # a broken CUDA context: recover_pending decides
                 continue
             self._commit_pending(slot, pending)

@@ -246,7 +246,10 @@ class DeviceStage:
         current = torch.cuda.current_stream(self.flat.device)
         if self._copied_out is not None:  # the previous copy out may still read the stage
             current.wait_event(self._copied_out)
-        torch._foreach_copy_(dsts, srcs)
+        # Host tensors (Adam's step counts) travel through pinned memory: a copy from pageable
+        # memory would make the host wait for every step queued before it.
+        srcs = [t if t.is_cuda else t.pin_memory() for t in srcs]
+        torch._foreach_copy_(dsts, srcs, non_blocking=True)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
             dst.flat.copy_(self.flat, non_blocking=True)
