@@ -2,8 +2,9 @@
 
 Each rank writes a Chrome trace (open it in Perfetto) and rank 0 a summary: the top operators by
 device time, the device time per category (compute kernels, NCCL collectives, copies by
-direction), and the host's time in calls that wait for the device. The copy categories answer the first tuning question on a multi-GPU node: do the
-GPUs exchange FSDP traffic peer to peer (NVLink), or through host memory?
+direction), and the host's time in calls that wait for the device. The copy categories answer
+the first tuning question on a multi-GPU node: do the GPUs exchange FSDP traffic peer to peer
+(NVLink), or through host memory? The host waits show whether a step lets the host run ahead.
 """
 
 from __future__ import annotations
