@@ -9,6 +9,7 @@ on storage; nothing here needs a collective except restore, where all ranks must
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from trainer.atomic import write_json_atomic
 from trainer.events import EventLog
 from trainer.phases import injected_delay
 from trainer.staging import HostBuffer, Layout
@@ -45,6 +47,23 @@ def node_root(node_dir: Optional[str], checkpoint_dir: str, lineage: str) -> Pat
     directory at an old path never finds the old one's snapshots."""
     key = hashlib.sha1(f"{os.path.abspath(checkpoint_dir)}:{lineage}".encode()).hexdigest()[:12]
     return Path(node_dir or default_node_dir()) / key
+
+
+def staging_path(root: Path, rank: int) -> Path:
+    """A rank's durable staging buffer on its node; its layout is kept beside it (.json)."""
+    return root / f"durable.rank{rank:05d}.buf"
+
+
+def warm_staging(root: Path, rank: int, pin: bool) -> None:
+    """A restarted process: map and pin the staging buffer its predecessor left, in the
+    background while the process group and the model are built (HostBuffer.warm)."""
+    path = staging_path(root, rank)
+    try:
+        layout = Layout.from_json(json.loads(path.with_suffix(".json").read_text()))
+    except (OSError, ValueError, KeyError):
+        return
+    if path.is_file() and path.stat().st_size >= layout.total_bytes:
+        HostBuffer.warm([(path, layout)], pin)
 
 
 class CheckpointManager:
@@ -81,11 +100,18 @@ class CheckpointManager:
     def _staging_for(self, layout: Layout) -> HostBuffer:
         if self._buffer is None or self._buffer.layout != layout:
             if self._buffer is not None:
-                self._buffer.close(unlink=True)
-            path = self.node_root / f"durable.rank{self.rank:05d}.buf"
+                self._close_buffer(unlink=True)
+            path = staging_path(self.node_root, self.rank)
             self._buffer = HostBuffer.open(path, layout, pin=self.device.type == "cuda")
+            write_json_atomic(path.with_suffix(".json"), layout.to_json())  # for warm_staging
             self.stats.bytes_per_rank = layout.total_bytes
         return self._buffer
+
+    def _close_buffer(self, unlink: bool) -> None:
+        self._buffer.close(unlink=unlink)
+        if unlink:
+            self._buffer.path.with_suffix(".json").unlink(missing_ok=True)
+        self._buffer = None
 
     def start_writer(self) -> None:
         """Start NVRx's persistent writer now, so the first save pays no process start."""
@@ -324,8 +350,7 @@ class CheckpointManager:
             self._writer.close(abort=abort)
             self._writer = None
         if self._buffer is not None:
-            self._buffer.close(unlink=not abort)
-            self._buffer = None
+            self._close_buffer(unlink=not abort)
         self._in_flight = None
 
     # -- restoring ---------------------------------------------------------------------------

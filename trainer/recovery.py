@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint import CheckpointManager, node_root
+from trainer.checkpoint import CheckpointManager, node_root, warm_staging
 from trainer.config import ConfigError, TrainConfig
 from trainer.events import EventLog
 from trainer.faults import at_point
@@ -76,13 +76,18 @@ class StateKeeper:
 
     @staticmethod
     def warm(cfg: TrainConfig, env: DistEnv) -> None:
-        """First thing in a restarted process: pin the snapshot slots its predecessor left, in
-        the background, while the process group and the model are built. Pinning gigabytes
-        took 2-5 s of every ft_launcher restart on the critical path."""
-        lineage = existing_lineage(cfg.checkpoint_dir) if cfg.tiers and cfg.checkpoint_dir else None
-        if lineage is not None:
-            root = node_root(cfg.node_dir, cfg.checkpoint_dir, lineage) / "snapshots"
-            warm_slots(root, env.rank, pin=env.device.type == "cuda")
+        """First thing in a restarted process: pin the host buffers its predecessor left (the
+        snapshot slots, or without tiers the staging buffer) in the background, while the
+        process group and the model are built. Pinning them took 2-5 s of every restart on
+        the critical path."""
+        lineage = existing_lineage(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        if lineage is None:
+            return
+        root, pin = node_root(cfg.node_dir, cfg.checkpoint_dir, lineage), env.device.type == "cuda"
+        if cfg.tiers:
+            warm_slots(root / "snapshots", env.rank, pin)
+        elif cfg.checkpoint_interval:
+            warm_staging(root, env.rank, pin)
 
     # -- resume ------------------------------------------------------------------------------
     def prepare(self, model, optimizer) -> dict[str, float]:

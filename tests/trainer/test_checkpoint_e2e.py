@@ -117,11 +117,11 @@ def test_failed_rank_leaves_its_staging_buffer_for_the_next_process(cache_dir, t
     run_dir, node_dir = tmp_path / "run", tmp_path / "node"
     args = ("--max_steps", str(STEPS), "--checkpoint_interval", str(INTERVAL),
             "--node_dir", str(node_dir), *faults("exception"))
-    buffers = lambda: sorted(p.name for p in node_dir.rglob("durable.rank*.buf"))
+    buffers = lambda: sorted(p.name for p in node_dir.rglob("durable.rank*.*"))
     failed = run_local(cache_dir, "baseline", run_dir, *args, local_args=("--job_restarts", "0"))
     assert failed.returncode != 0
     (fault,) = [e for e in events(run_dir) if e["event"] == "fault"]
-    assert f"durable.rank{fault['rank']:05d}.buf" in buffers()
+    assert {f"durable.rank{fault['rank']:05d}.{ext}" for ext in ("buf", "json")} <= set(buffers())
 
     ok(run_local(cache_dir, "baseline", run_dir, *args))
     assert results(run_dir)["steps_completed"] == STEPS
