@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any, Optional
 
 
 def write_json_atomic(path: Path, data: object) -> None:
@@ -42,3 +43,11 @@ def create_json_exclusive(path: Path, data: object) -> bool:
         return False
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_json(path: Path) -> Optional[Any]:
+    """A small JSON file written by the functions above; None if it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None

@@ -9,7 +9,6 @@ on storage; nothing here needs a collective except restore, where all ranks must
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 import threading
@@ -20,7 +19,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from trainer.atomic import write_json_atomic
+from trainer.atomic import read_json, write_json_atomic
 from trainer.events import EventLog
 from trainer.phases import injected_delay
 from trainer.staging import HostBuffer, Layout
@@ -59,8 +58,8 @@ def warm_staging(root: Path, rank: int, pin: bool) -> None:
     background while the process group and the model are built (HostBuffer.warm)."""
     path = staging_path(root, rank)
     try:
-        layout = Layout.from_json(json.loads(path.with_suffix(".json").read_text()))
-    except (OSError, ValueError, KeyError):
+        layout = Layout.from_json(read_json(path.with_suffix(".json")))
+    except (KeyError, TypeError):  # no layout kept beside it (or an unreadable one)
         return
     if path.is_file() and path.stat().st_size >= layout.total_bytes:
         HostBuffer.warm([(path, layout)], pin)

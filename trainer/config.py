@@ -227,8 +227,9 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                    help="node-local directory for the node tier (default /dev/shm/nvrx-eks)")
     g.add_argument("--snapshot_staging", choices=SNAPSHOT_STAGING, default=d.snapshot_staging,
                    help="device: copy each snapshot to device memory first (milliseconds), so "
-                        "the next step never waits for the copy to host; costs one more shard "
-                        "of device memory")
+                        "the optimizer never waits for the copy to host; costs one more shard "
+                        "of device memory, and measured slower than host on 2x H200 "
+                        "(BENCHMARKS.md section 4)")
     g = p.add_argument_group("outputs")
     g.add_argument("--results_path", default=d.results_path,
                    help="results.json; events.jsonl is written beside it")

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -20,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
-from trainer.atomic import create_json_exclusive, write_json_atomic
+from trainer.atomic import create_json_exclusive, read_json, write_json_atomic
 from trainer.config import FinalError
 
 RUN_FILE = "RUN.json"
@@ -34,16 +33,9 @@ class LeaseError(FinalError):
     """The checkpoint directory is in use by another live run."""
 
 
-def _read(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def existing_lineage(checkpoint_dir: str | Path) -> Optional[str]:
     """The directory's identity if a run has created it already (None: a first start)."""
-    found = _read(Path(checkpoint_dir) / RUN_FILE)
+    found = read_json(Path(checkpoint_dir) / RUN_FILE)
     return found["lineage"] if found else None
 
 
@@ -51,7 +43,7 @@ def lineage_id(checkpoint_dir: str | Path) -> str:
     """The directory's identity, created by whichever rank gets there first."""
     path = Path(checkpoint_dir) / RUN_FILE
     for _ in range(100):
-        found = _read(path)
+        found = read_json(path)
         if found is not None:
             return found["lineage"]
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,7 +90,7 @@ class Lease:
 
     def acquire(self) -> None:
         """Take the lease, or raise LeaseError naming the live holder."""
-        holder = _read(self.path)
+        holder = read_json(self.path)
         if holder is not None and holder.get("run") != self.run:
             if self.holder_alive(holder):
                 raise LeaseError(
@@ -121,6 +113,6 @@ class Lease:
             self._renewed = time.monotonic()
 
     def release(self) -> None:
-        holder = _read(self.path)
+        holder = read_json(self.path)
         if holder is not None and holder.get("run") == self.run:
             self.path.unlink(missing_ok=True)

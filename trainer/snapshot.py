@@ -36,7 +36,7 @@ import torch.distributed as dist
 # The tiers' host-memory rule is part of the contract with the manifests (config/contract.py).
 from config.contract import PEER_SLOTS, own_slots
 from config.contract import snapshot_bytes
-from trainer.atomic import write_json_atomic
+from trainer.atomic import read_json, write_json_atomic
 from trainer.config import ConfigError
 from trainer.events import EventLog
 from trainer.staging import DeviceStage, HostBuffer, Layout
@@ -67,17 +67,10 @@ class Slot:
         self.step, self.meta = step, meta
 
 
-def read_header(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def warm_slots(root: Path, rank: int, pin: bool) -> None:
     """A restarted process: map and pin the slots its predecessor left, newest snapshot first,
     in the background while the process group and the model are built (HostBuffer.warm)."""
-    found = [(f, read_header(f.with_suffix(".json"))) for f in Path(root).glob(f"rank{rank:05d}.slot*.buf")]
+    found = [(f, read_json(f.with_suffix(".json"))) for f in Path(root).glob(f"rank{rank:05d}.slot*.buf")]
     layouts = [Layout.from_json(h["layout"]) for _, h in found if h and "layout" in h]
     if not layouts:
         return
@@ -159,7 +152,7 @@ class Snapshotter:
         buffers = HostBuffer.open_all([self._path(f"{n}.buf") for n in names], layout, pin)
         self.slots = [Slot(buf, self._path(f"{n}.json")) for buf, n in zip(buffers, names)]
         for slot in self.slots:  # adopt what a previous process of this rank left (node tier)
-            h = read_header(slot.header)
+            h = read_json(slot.header)
             if h and h.get("world_size") == self.world_size and Layout.from_json(h["layout"]) == layout:
                 slot.step, slot.meta = h["step"], h["meta"]
             else:
@@ -420,7 +413,7 @@ class Snapshotter:
         """
         out: dict[int, dict[int, dict]] = {}
         for header in sorted(self.root.glob("*.json")):
-            h = read_header(header)
+            h = read_json(header)
             if not h or h.get("world_size") != self.world_size or "rank" not in h:
                 continue
             buf = header.with_suffix(".buf")
