@@ -223,9 +223,9 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
     """A torch.profiler window over steps 21-25: where a step's device time goes (compute,
     collectives, copies by direction, so peer-to-peer or through the host). Up to three
     windows side by side: no checkpoints; snapshots of every step; and snapshots while the
-    durable write of step 20 runs, to show what a background write slows down. Rank 0's
-    timeline comes back gzipped beside the results (`<out>/<run>.trace.json.gz`), for what
-    the per-operator totals cannot show: which wait holds a step."""
+    durable write of step 20 runs, to show what a background write slows down. Every rank's
+    timeline comes back gzipped beside the results (`<out>/<run>.rankNNNNN.trace.json.gz`), for
+    what the per-operator totals cannot show: which wait holds a step, and on which rank."""
     res: dict = {}
     for variant in variants:
         name = f"profile-{model}-{variant}"
@@ -236,9 +236,9 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
         if (profile / "summary.json").is_file():
             run["profile"] = json.loads((profile / "summary.json").read_text())
             shutil.copy(profile / "summary.txt", LOGS / f"{name}.summary.txt")
-        trace = profile / "rank00000.trace.json"
-        if trace.is_file():
-            with open(trace, "rb") as src, gzip.open(out / f"{name}.trace.json.gz", "wb") as dst:
+        for trace in sorted(profile.glob("rank*.trace.json")):
+            with open(trace, "rb") as src, \
+                    gzip.open(out / f"{name}.{trace.name}.gz", "wb") as dst:
                 shutil.copyfileobj(src, dst)
         res[name] = run
         _save(out, f"profile-{model}", res)
