@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.model import PRESETS, llama_config, parameter_count, preset_parameters
 from trainer.parallel import DistEnv, build_sharded_model
@@ -102,3 +103,44 @@ def test_models_start_the_same_at_every_world_size(tmp_path):
     weight = blocks["model.layers.0.mlp.gate_proj.weight"]
     assert abs(float(weight.std()) - 0.02) < 0.001
     assert not torch.equal(weight, one["preset, built whole"][0]["model.layers.0.mlp.gate_proj.weight"])
+
+
+class _DeviceReads(TorchDispatchMode):
+    """Records every tensor read back to the host (`.item()`, `bool(tensor)`)."""
+
+    READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default)
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.READS:
+            self.reads.append(args[0])
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_training_step_reads_nothing_back_from_the_device(one_rank_group):
+    """On a GPU any such read makes the host wait for all queued work, a running snapshot copy
+    included. Adam's step counts live on the host by design and are the only reads allowed."""
+    from trainer.model import optimizer_groups
+    from trainer.train import train_step
+
+    model = build_sharded_model("tiny", seed=0, env=one_rank_group, param_bytes=0)
+    optimizer = torch.optim.AdamW(optimizer_groups(model, 0.1), lr=1e-3)
+    batch = [torch.randint(0, 264, (2, 33))]
+    for _ in range(2):  # the second step has optimizer state
+        with _DeviceReads() as mode:
+            train_step(model, optimizer, batch, 1e-3, 1.0, world_size=1, tokens_per_step=64)
+    counts = {id(s["step"]) for s in optimizer.state.values()}
+    assert [t for t in mode.reads if id(t) not in counts] == []
+
+
+def test_causal_attention_without_a_mask_computes_what_the_masked_one_does():
+    from trainer.model import build_model
+
+    tokens = torch.randint(0, 264, (2, 48))
+    ours = build_model("tiny", seed=3)
+    reference = build_model("tiny", seed=3)
+    reference.config._attn_implementation = "sdpa"
+    assert torch.equal(ours(input_ids=tokens).logits, reference(input_ids=tokens).logits)
