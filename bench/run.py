@@ -130,6 +130,7 @@ def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
                 "command": " ".join(cmd[1:])})
     if (run_dir / "events.jsonl").exists():
         shutil.copy(run_dir / "events.jsonl", LOGS / f"{name}.events.jsonl")
+        res["steady_step_seconds"] = steady_step_seconds(run_dir / "events.jsonl")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     print(f"{name}: exit {code}, {res.get('training_efficiency_pct')} % efficiency, "
           f"{res.get('training_goodput_pct')} % goodput, {time.time() - t0:.0f} s", flush=True)
@@ -167,12 +168,36 @@ def _no_checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, step
                   "--max_steps", str(steps), *NO_CHECKPOINT], timeout=240)
 
 
+WARMUP_STEPS = 2  # compilation and lazy set-up: the first two steps of a run take seconds
+
+
+def steady_step_seconds(events: Path) -> Optional[float]:
+    """Wall clock per step from the completion of step WARMUP_STEPS to the last, by rank 0's
+    device-anchored `done` stamps: everything that delays a step counts (stalls, slower steps
+    beside a background copy, a host that falls behind), and the warm-up, whose length varies
+    from run to run by more than a checkpoint costs, does not. None for a run that restarted."""
+    done = {}
+    for line in events.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "step" and e.get("rank") == 0 and e.get("done"):
+            if e["step"] in done:
+                return None
+            done[e["step"]] = e["done"]
+    last = max(done, default=0)
+    if last <= WARMUP_STEPS + 1 or WARMUP_STEPS not in done:
+        return None
+    return (done[last] - done[WARMUP_STEPS]) / (last - WARMUP_STEPS)
+
+
 def _versus(run: dict, reference: dict) -> dict:
-    """Throughput relative to the run without checkpoints: slower steps overlapping a
-    background write count here, which blocking-based efficiency leaves out."""
-    if run.get("loop_step_seconds") and reference.get("loop_step_seconds"):
-        run["throughput_vs_no_checkpoint_pct"] = \
-            100.0 * reference["loop_step_seconds"] / run["loop_step_seconds"]
+    """Throughput relative to the run without checkpoints, at steady state: slower steps
+    overlapping a background copy or write count here, which blocking-based efficiency leaves
+    out."""
+    key = "steady_step_seconds"
+    if not (run.get(key) and reference.get(key)):
+        key = "loop_step_seconds"
+    if run.get(key) and reference.get(key):
+        run["throughput_vs_no_checkpoint_pct"] = 100.0 * reference[key] / run[key]
     return run
 
 

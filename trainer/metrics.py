@@ -25,7 +25,8 @@ class StepRecord:
     host: torch.Tensor                       # [loss, grad norm], filled once `end` completes
     t0: float                                # host clock when the step began
     start: Optional["torch.cuda.Event"] = None
-    end: Optional["torch.cuda.Event"] = None
+    end: Optional["torch.cuda.Event"] = None     # the step's work complete
+    copied: Optional["torch.cuda.Event"] = None  # its figures on the host
     dt: float = 0.0
     stall: float = 0.0
     done: float = 0.0                        # wall clock when the step's work completed
@@ -46,7 +47,9 @@ class StepReadback:
     On a GPU the figures are copied into pinned host memory behind the step's work and an event
     is recorded; they are read only after the next step has been queued, by polling that event
     (`wait_for_device`), so the GPU never idles for the host and no thread blocks in CUDA
-    holding the GIL. dt of a step is the device time from the step's start marker (recorded
+    holding the GIL. The copy runs on a stream of its own: a device-to-host copy waits for any
+    one already running (a snapshot's, 7 GB), and on the compute stream that wait would hold
+    the next step's kernels. dt of a step is the device time from the step's start marker (recorded
     when the host began the step: data loading is included when the device is idle) to the
     end of its work: steps queued back to back measure their own duration, never the host's
     checkpoint stalls between them. On a CPU everything is synchronous and dt is wall time.
@@ -58,7 +61,9 @@ class StepReadback:
         self._wait = wait  # polls, never blocks in CUDA: see train.wait_for_device
         self._queue: deque[StepRecord] = deque()
         self._anchor: Optional["torch.cuda.Event"] = None
+        self._stream: Optional["torch.cuda.Stream"] = None
         if device.type == "cuda":
+            self._stream = torch.cuda.Stream(device)
             # A device event at a known wall time: a step's completion time is this plus the
             # device time between the two, not the later moment the host reads it back.
             self._anchor = torch.cuda.Event(enable_timing=True)
@@ -75,10 +80,15 @@ class StepReadback:
 
     def queue(self, rec: StepRecord, stats: torch.Tensor) -> None:
         if self.device.type == "cuda":
-            rec.host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
-            rec.host.copy_(stats, non_blocking=True)
             rec.end = torch.cuda.Event(enable_timing=True)
             rec.end.record()
+            rec.host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            self._stream.wait_event(rec.end)
+            with torch.cuda.stream(self._stream):
+                rec.host.copy_(stats, non_blocking=True)
+                rec.copied = torch.cuda.Event()
+                rec.copied.record()
+            stats.record_stream(self._stream)
         else:
             rec.host = stats
             rec.dt = time.perf_counter() - rec.t0
@@ -89,8 +99,8 @@ class StepReadback:
         """Wait until every queued step's figures are on the host, without taking them from the
         queue: a durable save checks them first, `ready` still reports them in order."""
         for rec in self._queue:
-            if rec.end is not None:
-                self._wait(self.device, rec.end)
+            if rec.copied is not None:
+                self._wait(self.device, rec.copied)
         return list(self._queue)
 
     def ready(self, keep: int = 1) -> list[StepRecord]:
@@ -100,8 +110,8 @@ class StepReadback:
         out = []
         while len(self._queue) > keep:
             rec = self._queue.popleft()
-            if rec.end is not None:
-                self._wait(self.device, rec.end)
+            if rec.copied is not None:
+                self._wait(self.device, rec.copied)
                 rec.dt = rec.start.elapsed_time(rec.end) / 1000.0
                 rec.done = self._anchor_t + self._anchor.elapsed_time(rec.end) / 1000.0
             out.append(rec)

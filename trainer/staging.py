@@ -246,10 +246,10 @@ class DeviceStage:
         current = torch.cuda.current_stream(self.flat.device)
         if self._copied_out is not None:  # the previous copy out may still read the stage
             current.wait_event(self._copied_out)
-        # Host tensors (Adam's step counts) travel through pinned memory: a copy from pageable
-        # memory would make the host wait for every step queued before it.
-        srcs = [t if t.is_cuda else t.pin_memory() for t in srcs]
-        torch._foreach_copy_(dsts, srcs, non_blocking=True)
+        on_device = [i for i, t in enumerate(srcs) if t.is_cuda]
+        torch._foreach_copy_([dsts[i] for i in on_device], [srcs[i] for i in on_device],
+                             non_blocking=True)
+        self._upload([n for n, t in zip(names, srcs) if not t.is_cuda], tensors)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
             dst.flat.copy_(self.flat, non_blocking=True)
@@ -257,3 +257,19 @@ class DeviceStage:
             done.record(stream)
         self._copied_out = done
         return done
+
+    def _upload(self, names: list[str], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Host tensors (Adam's step counts, one scalar per parameter) into the stage: packed
+        into one pinned block per dtype and copied up at once. One pinned allocation and copy
+        per tensor cost the host tens of milliseconds a step; a copy from pageable memory would
+        make it wait for every step queued before it."""
+        by_dtype: dict[torch.dtype, list[str]] = {}
+        for name in names:
+            by_dtype.setdefault(tensors[name].dtype, []).append(name)
+        for group in by_dtype.values():
+            packed = torch.cat([tensors[n].reshape(-1) for n in group])
+            if self.flat.is_cuda:
+                packed = packed.pin_memory().to(self.flat.device, non_blocking=True)
+            parts = packed.split([tensors[n].numel() for n in group])
+            torch._foreach_copy_([self.views[n] for n in group],
+                                 [p.view(self.views[n].shape) for p, n in zip(parts, group)])

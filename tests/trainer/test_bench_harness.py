@@ -1,7 +1,10 @@
 """The benchmark harness on CPU ranks: a run past its limit is stopped whole."""
 
+import json
 import os
 from pathlib import Path
+
+import pytest
 
 
 def _processes_naming(text: str) -> list[int]:
@@ -34,3 +37,19 @@ def test_a_run_past_its_limit_leaves_no_trainer_running(cache_dir, tmp_path, mon
         log.unlink()
     assert res["exit_code"] == "timeout"
     assert not _processes_naming(run_dir), "trainers outlived the run's limit"
+
+
+def test_steady_step_seconds_leaves_the_warm_up_out_and_refuses_a_restarted_run(tmp_path):
+    from bench.run import steady_step_seconds
+
+    def write(steps):
+        path = tmp_path / "events.jsonl"
+        path.write_text("\n".join(json.dumps({"event": "step", "rank": r, "step": s, "done": d})
+                                  for s, d in steps for r in (0, 1)) + "\n")
+        return path
+
+    # warm-up steps of 5 s and 1 s, then 0.2 s a step with one 0.6 s stall
+    done = [(1, 5.0), (2, 6.0), (3, 6.2), (4, 6.4), (5, 7.0), (6, 7.2)]
+    assert steady_step_seconds(write(done)) == pytest.approx((7.2 - 6.0) / 4)
+    assert steady_step_seconds(write(done + [(4, 8.0)])) is None  # step 4 again: a restart
+    assert steady_step_seconds(write(done[:3])) is None
