@@ -22,7 +22,7 @@ import torch.distributed as dist
 from trainer.atomic import read_json, write_json_atomic
 from trainer.events import EventLog
 from trainer.phases import injected_delay
-from trainer.staging import HostBuffer, Layout
+from trainer.staging import HostBuffer, Layout, host_copy_stream
 from trainer.state import local_tensors, restore, shard_layout
 from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
                            MANIFEST, StorageError, error_file, step_dir_name, write_shard)
@@ -80,7 +80,7 @@ class CheckpointManager:
         self.stats = SaveStats()
         self.node_root = node_root
         self._buffer: Optional[HostBuffer] = None
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._stream = host_copy_stream(device)
         self._writer = None
         self._in_flight: Optional[tuple[int, float, str]] = None  # (step, submitted at, buffer)
         self._landing: Optional[int] = None  # async: the step last written, until committed

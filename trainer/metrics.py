@@ -15,6 +15,8 @@ from typing import Callable, Optional
 
 import torch
 
+from trainer.staging import host_copy_stream
+
 
 @dataclass
 class StepRecord:
@@ -47,9 +49,8 @@ class StepReadback:
     On a GPU the figures are copied into pinned host memory behind the step's work and an event
     is recorded; they are read only after the next step has been queued, by polling that event
     (`wait_for_device`), so the GPU never idles for the host and no thread blocks in CUDA
-    holding the GIL. The copy runs on a stream of its own: a device-to-host copy waits for any
-    one already running (a snapshot's, 7 GB), and on the compute stream that wait would hold
-    the next step's kernels. dt of a step is the device time from the step's start marker (recorded
+    holding the GIL. The copy runs on the process's host-copy stream (`host_copy_stream`), ahead
+    of the snapshot queued after it, and never holds the compute stream. dt of a step is the device time from the step's start marker (recorded
     when the host began the step: data loading is included when the device is idle) to the
     end of its work: steps queued back to back measure their own duration, never the host's
     checkpoint stalls between them. On a CPU everything is synchronous and dt is wall time.
@@ -63,7 +64,7 @@ class StepReadback:
         self._anchor: Optional["torch.cuda.Event"] = None
         self._stream: Optional["torch.cuda.Stream"] = None
         if device.type == "cuda":
-            self._stream = torch.cuda.Stream(device)
+            self._stream = host_copy_stream(device)
             # A device event at a known wall time: a step's completion time is this plus the
             # device time between the two, not the later moment the host reads it back.
             self._anchor = torch.cuda.Event(enable_timing=True)

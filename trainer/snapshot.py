@@ -39,7 +39,7 @@ from config.contract import snapshot_bytes
 from trainer.atomic import read_json, write_json_atomic
 from trainer.config import ConfigError
 from trainer.events import EventLog
-from trainer.staging import DeviceStage, HostBuffer, Layout
+from trainer.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
 
 _CHUNK = 256 << 20  # peer transfers go in pieces: bounded gloo messages, steady progress
 COMMIT_POLL_S = 0.001  # how often the committer looks at a running copy
@@ -97,7 +97,7 @@ class Snapshotter:
         self.log = log
         self.slots: list[Slot] = []
         self.replicas: list[Slot] = []
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._stream = host_copy_stream(device)
         self.device_staging = device_staging
         self._stage: Optional[DeviceStage] = None
         self._peer_group = None

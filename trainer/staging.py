@@ -8,6 +8,7 @@ One flat buffer per rank, file-backed (`/dev/shm` by default) and mapped shared,
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -73,6 +74,16 @@ class Layout:
 def map_file(path: Path, nbytes: int, writable: bool) -> torch.Tensor:
     """A flat uint8 tensor over `path` (MAP_SHARED when writable, so other processes see it)."""
     return torch.from_file(str(path), shared=writable, size=nbytes, dtype=torch.uint8)
+
+
+@functools.lru_cache(maxsize=None)
+def host_copy_stream(device: torch.device) -> "Optional[torch.cuda.Stream]":
+    """The one stream of a process for its device-to-host copies (step figures, snapshots,
+    checkpoint staging); None on CPUs. The copy engine runs such copies one at a time whatever
+    their stream, so a small copy on the compute stream would hold that stream's kernels
+    behind a 7 GB snapshot copy; on one stream of their own they run in the order queued, a
+    step's figures before the snapshot queued after them, and the compute stream never waits."""
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
 def _current_device() -> Optional[int]:
