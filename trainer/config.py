@@ -228,8 +228,8 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
     g.add_argument("--snapshot_staging", choices=SNAPSHOT_STAGING, default=d.snapshot_staging,
                    help="device: copy each snapshot to device memory first (milliseconds), so "
                         "the optimizer never waits for the copy to host; costs one more shard "
-                        "of device memory, and measured slower than host on 2x H200 "
-                        "(BENCHMARKS.md section 4)")
+                        "of device memory. On 2x H200 its steps ran 2-3%% slower than without "
+                        "snapshots, host staging's 6-10%% (BENCHMARKS.md section 5)")
     g = p.add_argument_group("outputs")
     g.add_argument("--results_path", default=d.results_path,
                    help="results.json; events.jsonl is written beside it")
