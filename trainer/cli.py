@@ -33,8 +33,9 @@ def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) 
     return results
 
 
-def exit_now(hooks) -> None:
-    """End a failed rank at once, so the launcher restarts the workers in seconds.
+def exit_now(hooks, rank: Optional[int] = None) -> None:
+    """End a failed rank at once, so the launcher restarts the workers in seconds; with its
+    `rank`, tell the peers to leave too (`failfast`), so that their exits overlap this one.
 
     An orderly exit would tear down the process group while the other ranks wait in a
     collective for this one: it blocks until the launcher's heartbeat timeout or the collective
@@ -44,10 +45,26 @@ def exit_now(hooks) -> None:
     """
     from trainer.recovery import StateKeeper
 
+    if rank is not None:
+        from trainer import failfast
+
+        failfast.announce(rank)
     StateKeeper.abandon(hooks.keep)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
+
+
+def _leave_with_failed_peers(hooks, rank: int, events) -> None:
+    """Once training runs: a peer's announced failure ends this rank as its own would."""
+    from trainer import failfast
+
+    def leave(failed: int) -> None:
+        if failed != rank:
+            events.emit("peer_failed", failed_rank=failed, sync=True)
+            exit_now(hooks)
+
+    failfast.watch(leave)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -78,6 +95,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from trainer.heartbeat import attach_heartbeat
 
             attach_heartbeat(hooks, events)
+        if not cfg.inprocess:  # the launcher restarts every worker: leave with a failed peer
+            hooks.on_ready.append(lambda: _leave_with_failed_peers(hooks, env.rank, events))
         if cfg.inprocess:
             from trainer.inprocess import run_inprocess
 
@@ -100,7 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"rank {env.rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         traceback.print_exc()
         if not cfg.inprocess:  # the launcher restarts the workers: leave now, see exit_now
-            exit_now(hooks)
+            exit_now(hooks, env.rank)
         return 1
     except BaseException as exc:  # NVRx's RestartAbort: in-process restarts ended the job
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):

@@ -50,10 +50,10 @@ class StepReadback:
     is recorded; they are read only after the next step has been queued, by polling that event
     (`wait_for_device`), so the GPU never idles for the host and no thread blocks in CUDA
     holding the GIL. The copy runs on the process's host-copy stream (`host_copy_stream`), ahead
-    of the snapshot queued after it, and never holds the compute stream. dt of a step is the device time from the step's start marker (recorded
-    when the host began the step: data loading is included when the device is idle) to the
-    end of its work: steps queued back to back measure their own duration, never the host's
-    checkpoint stalls between them. On a CPU everything is synchronous and dt is wall time.
+    of the snapshot queued after it, and never holds the compute stream. dt of a step is the
+    device time from the step's start marker (recorded when the host began the step: data
+    loading is included when the device is idle) to the end of its work: steps queued back to
+    back measure their own duration, never the host's checkpoint stalls between them. On a CPU everything is synchronous and dt is wall time.
     """
 
     def __init__(self, device: torch.device,

@@ -4,7 +4,7 @@ the final save costs neither a rewind nor the result. Real jobs, real NVRx, CPU 
 
 import pytest
 
-from tests.trainer.conftest import (FAST_RECOVERY, STEPS, events, faults, faults_fired, ok,
+from tests.trainer.conftest import (FAST_RECOVERY, STEPS, events, faults, faults_fired, first, ok,
                                     results, run_local)
 
 from trainer.faults import POINT_FAULTS_ENV
@@ -78,3 +78,6 @@ def test_fault_during_the_final_save_is_survived_without_a_rewind(cache_dir, ref
     assert fault["point"] == "final"
     resumed = [e["step"] for e in events(run_dir) if e["event"] == "train_start" and e["t"] > fault["t"]]
     assert resumed and all(step == STEPS for step in resumed)  # never rewound
+    if mode == "ft_launcher":  # the other rank left at once, without the launcher's signal
+        left = first(events(run_dir), "peer_failed", after=fault["t"])
+        assert left and left["failed_rank"] == fault["rank"] != left["rank"]

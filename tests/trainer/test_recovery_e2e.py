@@ -50,6 +50,10 @@ def test_mode_recovers_from_its_faults(cache_dir, reference, tmp_path, mode):
     detected = first(ev, {"baseline": "worker_failed", "ft_launcher": "launch"}.get(mode, "abort"),
                      after=hang["t"])
     assert detected and detected["t"] - hang["t"] <= bound
+    if mode == "baseline":  # the other rank left with the one that raised, not after it
+        raised = next(f for f in fired if f["type"] == "exception")
+        left = first(ev, "peer_failed", after=raised["t"])
+        assert left and left["failed_rank"] == raised["rank"] != left["rank"]
 
 
 def test_inprocess_alone_cannot_survive_a_killed_process(cache_dir, tmp_path):
