@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 KEY = "nvrx-eks/failed-rank"
 _WAIT = timedelta(hours=1)  # one blocking wait at a time; renewed when it times out
-_clients: dict[str, dist.Store] = {}  # "watch", "announce": one connection each, see `watch`
+_clients: dict[str, dist.Store] = {}  # "announce": its own connection, see `watch`
 
 
 def _connect() -> Optional[dist.Store]:

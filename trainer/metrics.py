@@ -24,7 +24,7 @@ class StepRecord:
 
     step: int
     lr: float
-    host: torch.Tensor                       # [loss, grad norm], filled once `end` completes
+    host: torch.Tensor                       # [loss, grad norm], filled once `copied` completes
     t0: float                                # host clock when the step began
     start: Optional["torch.cuda.Event"] = None
     end: Optional["torch.cuda.Event"] = None     # the step's work complete
@@ -53,7 +53,8 @@ class StepReadback:
     of the snapshot queued after it, and never holds the compute stream. dt of a step is the
     device time from the step's start marker (recorded when the host began the step: data
     loading is included when the device is idle) to the end of its work: steps queued back to
-    back measure their own duration, never the host's checkpoint stalls between them. On a CPU everything is synchronous and dt is wall time.
+    back measure their own duration, never the host's checkpoint stalls between them. On a
+    CPU everything is synchronous and dt is wall time.
     """
 
     def __init__(self, device: torch.device,
