@@ -270,34 +270,38 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
     return res
 
 
-THROUGHPUT_RUNS = ("eager", "compiled", "compiled-ft")
+THROUGHPUT_RUNS = ("eager", "compiled", "compiled-snapshots", "compiled-ft")
 
 
 def throughput(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
                tiers: str, snapshot_interval: int, stagings: list[str], extra: list[str],
                data: Optional[str], runs: list[str]) -> dict:
-    """Step time and MFU side by side: eager, compiled, and compiled with the fault-tolerance
-    machinery on (one async checkpoint half-way, snapshots in `tiers` staged each way in
-    `stagings`), so one table shows how fast the loop runs and what protecting it costs at that
-    speed. `tiers` "none" leaves the snapshots out: an 8B shard's slots do not fit the host
-    memory of two H200s."""
+    """Step time and MFU side by side: eager, compiled, compiled with snapshots alone, and
+    compiled with the fault-tolerance machinery on (one async checkpoint half-way, snapshots in
+    `tiers` staged each way in `stagings`), so one table shows how fast the loop runs and what
+    protecting it costs at that speed. `tiers` "none" leaves the snapshots out: an 8B shard's
+    slots do not fit the host memory of two H200s."""
     base = [*_model_args(model, batch, seq, data), "--max_steps", str(steps), *extra]
-    ft = ["--compile", "true", "--checkpoint_interval", str(steps // 2), "--final_checkpoint", "false"]
-    if tiers == "none":
-        protected = {"compiled-ft": ft}
-    else:
-        protected = {f"compiled-ft-{staging}": [
-            *ft, "--tiers", tiers, "--snapshot_interval", str(snapshot_interval),
+    compiled = ["--compile", "true"]
+    one_write = ["--checkpoint_interval", str(steps // 2), "--final_checkpoint", "false"]
+
+    def protected(label: str, durable: list[str]) -> dict:
+        if tiers == "none":  # the durable tier alone, if there is one
+            return {label: [*compiled, *durable]} if durable is one_write else {}
+        return {f"{label}-{staging}": [
+            *compiled, *durable, "--tiers", tiers, "--snapshot_interval", str(snapshot_interval),
             "--snapshot_staging", staging] for staging in stagings}
+
     groups = {"eager": {"eager": NO_CHECKPOINT},
-              "compiled": {"compiled": ["--compile", "true", *NO_CHECKPOINT]},
-              "compiled-ft": protected}
+              "compiled": {"compiled": [*compiled, *NO_CHECKPOINT]},
+              "compiled-snapshots": protected("compiled-snapshots", NO_CHECKPOINT),
+              "compiled-ft": protected("compiled-ft", one_write)}
     label = f"throughput-{model}-seq{seq}-b{batch}"
     res: dict = {}
     for kind, flags in ((k, f) for group in runs for k, f in groups[group].items()):
         run = _train(f"{label}-{kind}", out, "baseline", nproc, [*base, *flags], timeout=400)
         res[run["name"]] = _loop_mfu(run)
-        if kind.startswith("compiled-ft") and f"{label}-compiled" in res:
+        if kind.startswith("compiled-") and f"{label}-compiled" in res:
             _versus(run, res[f"{label}-compiled"])
         _save(out, label, res)
     return res

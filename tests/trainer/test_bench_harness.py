@@ -53,3 +53,31 @@ def test_steady_step_seconds_leaves_the_warm_up_out_and_refuses_a_restarted_run(
     assert steady_step_seconds(write(done)) == pytest.approx((7.2 - 6.0) / 4)
     assert steady_step_seconds(write(done + [(4, 8.0)])) is None  # step 4 again: a restart
     assert steady_step_seconds(write(done[:3])) is None
+
+
+def test_throughput_runs_snapshots_alone_and_with_a_durable_write_beside_the_reference(
+        tmp_path, monkeypatch):
+    from bench import run as bench
+
+    runs = {}
+
+    def train(name, out, mode, nproc, args, local=(), timeout=600):
+        runs[name] = args
+        return {"name": name, "steady_step_seconds": 0.2 if name.endswith("-compiled") else 0.25}
+
+    monkeypatch.setattr(bench, "_train", train)
+    res = bench.throughput(tmp_path, "tiny", 2, 4, 64, 40, "memory,node", 1, ["host", "device"],
+                           [], None, ["compiled", "compiled-snapshots", "compiled-ft"])
+    label = "throughput-tiny-seq64-b4"
+    assert list(runs) == [f"{label}-compiled", f"{label}-compiled-snapshots-host",
+                          f"{label}-compiled-snapshots-device", f"{label}-compiled-ft-host",
+                          f"{label}-compiled-ft-device"]
+    alone = runs[f"{label}-compiled-snapshots-device"]
+    assert "--tiers" in alone and alone[alone.index("--checkpoint_interval") + 1] == "0"
+    with_write = runs[f"{label}-compiled-ft-host"]
+    assert with_write[with_write.index("--checkpoint_interval") + 1] == "20"
+    assert res[f"{label}-compiled-ft-host"]["throughput_vs_no_checkpoint_pct"] == 80.0
+    runs.clear()
+    bench.throughput(tmp_path, "tiny", 2, 4, 64, 40, "none", 1, ["host"], [], None,
+                     ["compiled-snapshots", "compiled-ft"])
+    assert list(runs) == [f"{label}-compiled-ft"] and "--tiers" not in runs[f"{label}-compiled-ft"]
