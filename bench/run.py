@@ -224,12 +224,12 @@ def checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, interval
 def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int,
           data: Optional[str]) -> dict:
     """Snapshots of every step (memory and node tiers) with durable checkpoints at `interval`,
-    staged through host or device memory, beside a run without checkpoints."""
+    staged each way (`--snapshot_staging`), beside a run without checkpoints."""
     base = _model_args(model, batch, seq, data)
     steps = int(1.5 * interval)
     ref = _no_checkpoint(out, model, nproc, batch, seq, steps, data)
     res = {ref["name"]: ref}
-    for staging in ("host", "device"):
+    for staging in SNAPSHOT_STAGING:
         name = f"ckpt-tiers-every{interval}-{staging}"
         res[name] = _versus(_train(name, out, "baseline", nproc, [
             *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval), *TIERS,

@@ -24,7 +24,9 @@ TIERS = ("memory", "node", "peer")
 RESUME = ("auto", "required", "never")
 DEVICES = ("auto", "cpu", "cuda")
 ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
-SNAPSHOT_STAGING = ("host", "device")
+# Share of each snapshot's bytes that goes through device memory, by --snapshot_staging.
+STAGED_SHARE = {"host": 0.0, "device": 1.0, "split": 0.5}
+SNAPSHOT_STAGING = tuple(STAGED_SHARE)
 
 
 class ConfigError(ValueError):
@@ -229,7 +231,9 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                    help="device: copy each snapshot to device memory first (milliseconds), so "
                         "the optimizer never waits for the copy to host; costs one more shard "
                         "of device memory. On 2x H200 its steps ran 2-3%% slower than without "
-                        "snapshots, host staging's 6-10%% (BENCHMARKS.md section 5)")
+                        "snapshots, host staging's 6-10%% (BENCHMARKS.md section 5). split: "
+                        "half through device memory, half straight to the host (not yet "
+                        "measured on GPUs)")
     g = p.add_argument_group("outputs")
     g.add_argument("--results_path", default=d.results_path,
                    help="results.json; events.jsonl is written beside it")

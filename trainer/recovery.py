@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.checkpoint import CheckpointManager, node_root, warm_staging
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import STAGED_SHARE, ConfigError, TrainConfig
 from trainer.events import EventLog
 from trainer.faults import at_point
 from trainer.lease import Lease, existing_lineage, lineage_id
@@ -67,7 +67,7 @@ class StateKeeper:
                                     local_world_size=env.local_world_size, device=env.device,
                                     tiers=cfg.tiers, budget_gib=cfg.memory_budget_gib,
                                     durable=cfg.checkpoint_interval > 0, events=events, log=log,
-                                    device_staging=cfg.snapshot_staging == "device")
+                                    device_share=STAGED_SHARE[cfg.snapshot_staging])
             keep["snap"] = self.snap
         if self.snap is not None:
             self.snap.settle()  # a replication of the failed attempt ends (or is abandoned)

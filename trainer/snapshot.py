@@ -56,6 +56,7 @@ class Slot:
     meta: Optional[dict] = None
     pins: int = 0               # readers (a durable write, a peer send) that need it unchanged
     pending: Optional[tuple[int, dict, object]] = None  # (step, meta, cuda event) until copied
+    guard: Optional[object] = None  # while pending: the event the optimizer must wait for
 
     def invalidate(self) -> None:
         self.header.unlink(missing_ok=True)
@@ -83,7 +84,7 @@ class Snapshotter:
     def __init__(self, root: Path, *, rank: int, world_size: int, local_world_size: int,
                  device: torch.device, tiers: tuple[str, ...], budget_gib: float,
                  durable: bool, events: EventLog, log: Callable[[str], None] = print,
-                 device_staging: bool = False):
+                 device_share: float = 0.0):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = rank, world_size
@@ -98,7 +99,7 @@ class Snapshotter:
         self.slots: list[Slot] = []
         self.replicas: list[Slot] = []
         self._stream = host_copy_stream(device)
-        self.device_staging = device_staging
+        self.device_share = device_share  # of each snapshot's bytes, staged in device memory
         self._stage: Optional[DeviceStage] = None
         self._peer_group = None
         self._peer_thread: Optional[threading.Thread] = None
@@ -210,12 +211,13 @@ class Snapshotter:
             return None
         slot.invalidate()
         stage = self._device_stage(slot.buffer.layout)
-        if stage is not None:
-            copied = stage.capture(tensors, slot.buffer, self._stream)
-        elif self._stream is not None:
-            copied = slot.buffer.stage(tensors, self._stream, wait=False)
-        else:
-            copied = slot.buffer.stage(tensors)
+        direct = [n for n in slot.buffer.views if stage is None or n not in stage.views]
+        # Straight to the host: the optimizer must wait for these copies (`fence`). Through the
+        # stage: it waits for the device-to-device copy alone, queued on its own stream.
+        slot.guard = slot.buffer.stage(tensors, self._stream, wait=False, names=direct) \
+            if direct else None
+        copied = stage.capture(tensors, slot.buffer, self._stream) if stage is not None \
+            else slot.guard
         if copied is None:  # on the host: complete already
             if SLOW_SNAPSHOT_ENV in os.environ:
                 time.sleep(float(os.environ[SLOW_SNAPSHOT_ENV]))
@@ -229,29 +231,29 @@ class Snapshotter:
         return slot
 
     def _device_stage(self, layout: Layout) -> Optional[DeviceStage]:
-        """The device-memory stage (`--snapshot_staging device`), made at the first snapshot;
-        without the device memory for it, snapshots copy to the host directly."""
-        if not self.device_staging:
+        """The device-memory stage (`--snapshot_staging device` or `split`), made at the first
+        snapshot; without the device memory for it, snapshots copy to the host directly."""
+        start = layout.suffix_start(self.device_share)
+        if start >= layout.total_bytes:
             return None
-        if self._stage is None or self._stage.layout != layout:
+        if self._stage is None or self._stage.layout != layout or self._stage.start != start:
             self._stage = None
             try:
-                self._stage = DeviceStage(layout, self.device)
+                self._stage = DeviceStage(layout, self.device, start)
             except torch.cuda.OutOfMemoryError:
-                self.device_staging = False
+                self.device_share = 0.0
                 self.log(f"rank {self.rank}: no device memory for a "
-                         f"{layout.total_bytes / 2**30:.1f} GiB snapshot stage; snapshots are "
-                         "copied to host memory directly")
+                         f"{(layout.total_bytes - start) / 2**30:.1f} GiB snapshot stage; "
+                         "snapshots are copied to host memory directly")
         return self._stage
 
     def fence(self) -> None:
-        """Before the optimizer changes the state: its kernels wait for pending copies (on the
-        GPU, without blocking the CPU). A device stage has copied the state already."""
-        if self._stage is not None:
-            return
+        """Before the optimizer changes the state: its kernels wait for the pending copies
+        straight to the host (on the GPU, without blocking the CPU); what went through the
+        device stage is already copied."""
         for slot in self.slots:
-            if slot.pending is not None:
-                torch.cuda.current_stream(self.device).wait_event(slot.pending[2])
+            if slot.pending is not None and slot.guard is not None:
+                torch.cuda.current_stream(self.device).wait_event(slot.guard)
 
     def _commit_when_copied(self, slot: Slot, pending: tuple) -> None:
         """Hand the copy to the committer thread, which writes the header once it is on host."""

@@ -62,13 +62,22 @@ class Layout:
                       for s in d["slots"])
         return Layout(slots, int(d["total_bytes"]))
 
-    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Typed views into a flat uint8 tensor holding this layout."""
+    def views(self, flat: torch.Tensor, start: int = 0) -> dict[str, torch.Tensor]:
+        """Typed views into a flat uint8 tensor holding this layout from byte `start` on."""
         out = {}
         for s in self.slots:
-            raw = flat[s.offset:s.offset + s.nbytes]
+            if s.offset < start:
+                continue
+            raw = flat[s.offset - start:s.offset - start + s.nbytes]
             out[s.name] = raw.view(dtype_of(s.dtype)).view(s.shape)
         return out
+
+    def suffix_start(self, share: float) -> int:
+        """Where the tensors holding the last `share` of the bytes begin (a tensor's start)."""
+        if share <= 0:
+            return self.total_bytes
+        cut = self.total_bytes * (1.0 - share)
+        return next((s.offset for s in self.slots if s.offset >= cut), self.total_bytes)
 
 
 def map_file(path: Path, nbytes: int, writable: bool) -> torch.Tensor:
@@ -195,16 +204,18 @@ class HostBuffer:
         self._pinned = True
 
     def stage(self, tensors: Mapping[str, torch.Tensor], stream: "torch.cuda.Stream | None" = None,
-              wait: bool = True) -> "torch.cuda.Event | None":
-        """Copy `tensors` into the buffer. On a CUDA stream the copy is ordered after the work
-        queued so far; with `wait=False` it returns the event that marks its completion."""
+              wait: bool = True, names: Optional[Sequence[str]] = None) -> "torch.cuda.Event | None":
+        """Copy `tensors` (those in `names`, default all) into the buffer. On a CUDA stream the
+        copy is ordered after the work queued so far; with `wait=False` it returns the event
+        that marks its completion."""
+        views = self.views if names is None else {n: self.views[n] for n in names}
         if stream is None:
-            for name, dst in self.views.items():
+            for name, dst in views.items():
                 dst.copy_(tensors[name])
             return None
         stream.wait_stream(torch.cuda.current_stream(stream.device))
         with torch.cuda.stream(stream):
-            for name, dst in self.views.items():
+            for name, dst in views.items():
                 dst.copy_(tensors[name], non_blocking=True)
             done = torch.cuda.Event()
             done.record(stream)
@@ -229,19 +240,22 @@ class HostBuffer:
 
 
 class DeviceStage:
-    """A device-memory copy of one shard layout, for snapshots of every step.
+    """A device-memory copy of a shard layout's tensors from byte `start` on (all of them by
+    default), for snapshots of every step.
 
     Copying the state to host memory takes about as long as a step's forward and backward
     (7.4 GB at ~55 GB/s), and the optimizer may not change the state before the copy has
     read it: the step waits on the GPU. Copying to device memory first takes milliseconds;
     the optimizer goes on at once, and the copy to the host slot runs from here in the
-    background as one large transfer. It costs one more shard of device memory.
+    background as one large transfer. It costs that much more device memory. Staging only a
+    suffix (`--snapshot_staging split`) halves both the device memory and the device-to-device
+    copy; the rest goes straight to the host, within the next forward and backward pass.
     """
 
-    def __init__(self, layout: Layout, device: torch.device):
-        self.layout = layout
-        self.flat = torch.empty(layout.total_bytes, dtype=torch.uint8, device=device)
-        self.views = layout.views(self.flat)
+    def __init__(self, layout: Layout, device: torch.device, start: int = 0):
+        self.layout, self.start = layout, start
+        self.flat = torch.empty(layout.total_bytes - start, dtype=torch.uint8, device=device)
+        self.views = layout.views(self.flat, start)
         self._copied_out: "torch.cuda.Event | None" = None  # the last copy out, reading `flat`
 
     def capture(self, tensors: Mapping[str, torch.Tensor], dst: HostBuffer,
@@ -252,7 +266,7 @@ class DeviceStage:
         dsts, srcs = [self.views[n] for n in names], [tensors[n] for n in names]
         if stream is None:
             torch._foreach_copy_(dsts, srcs)
-            dst.flat.copy_(self.flat)
+            dst.flat[self.start:].copy_(self.flat)
             return None
         current = torch.cuda.current_stream(self.flat.device)
         if self._copied_out is not None:  # the previous copy out may still read the stage
@@ -263,7 +277,7 @@ class DeviceStage:
         self._upload([n for n, t in zip(names, srcs) if not t.is_cuda], tensors)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
-            dst.flat.copy_(self.flat, non_blocking=True)
+            dst.flat[self.start:].copy_(self.flat, non_blocking=True)
             done = torch.cuda.Event()
             done.record(stream)
         self._copied_out = done

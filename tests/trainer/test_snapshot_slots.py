@@ -110,3 +110,28 @@ def test_the_device_stage_takes_host_tensors_packed_by_dtype():
     stage._upload(host, tensors)
     for name in host:
         assert torch.equal(stage.views[name], tensors[name]), name
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_a_snapshot_is_whole_whatever_share_goes_through_the_device_stage(tmp_path, share):
+    """`--snapshot_staging` host, split and device: the same bytes reach the slot; the stage
+    holds the tensors from the split on, and only its bytes."""
+    state = {"model/w": torch.randn(96), "optim/w/step": torch.tensor(3.0),
+             "optim/w/exp_avg": torch.randn(96), "model/b": torch.randn(32),
+             "optim/b/step": torch.tensor(3.0), "optim/b/exp_avg": torch.randn(32)}
+    snap = Snapshotter(tmp_path, rank=0, world_size=1, local_world_size=1,
+                       device=torch.device("cpu"), tiers=("memory",), budget_gib=0.0,
+                       durable=False, events=EventLog(None, 0), device_share=share)
+    slot = snap.take(1, state, {"step": 1})
+    for name, t in state.items():
+        assert torch.equal(slot.buffer.views[name], t), name
+    layout = slot.buffer.layout
+    start = layout.suffix_start(share)
+    staged = [] if snap._stage is None else list(snap._stage.views)
+    assert staged == [s.name for s in layout.slots if s.offset >= start]
+    assert (snap._stage is None) == (share == 0.0)
+    if snap._stage is not None:
+        assert snap._stage.flat.numel() == layout.total_bytes - start
+    if share == 0.5:
+        assert 0 < start < layout.total_bytes
+    snap.close(remove=True)

@@ -43,7 +43,7 @@ def test_killed_rank_uses_its_node_and_a_lost_node_uses_peers(cache_dir, referen
     assert res["faults"][1]["restored_from"] in ("node", "peer")
 
 
-@pytest.mark.parametrize("staging", ["host", "device"])
+@pytest.mark.parametrize("staging", ["host", "split", "device"])
 def test_inprocess_exception_resumes_from_memory(cache_dir, reference, tmp_path, staging):
     ref = reference()
     run_dir = tmp_path / "run"
