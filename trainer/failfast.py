@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 KEY = "nvrx-eks/failed-rank"
 _WAIT = timedelta(hours=1)  # one blocking wait at a time; renewed when it times out
-_clients: dict[str, dist.Store] = {}  # "announce": its own connection, see `watch`
+_announcer: Optional[dist.Store] = None  # a connection of its own, see `watch`
 
 
 def _connect() -> Optional[dist.Store]:
@@ -42,11 +42,10 @@ def _key() -> str:
 
 def announce(rank: int) -> None:
     """Tell every peer that this rank failed; best effort, never raises."""
-    store = _clients.get("announce")
-    if store is None:
+    if _announcer is None:
         return
     try:
-        store.set(_key(), str(rank))
+        _announcer.set(_key(), str(rank))
     except Exception:  # noqa: BLE001 - a store that is gone: the launcher's signal still comes
         pass
 
@@ -57,7 +56,8 @@ def watch(on_failure: Callable[[int], None]) -> None:
     A store client serves one request at a time, so the blocking wait gets a connection of its
     own: on a shared one, `announce` would queue behind it. The wait releases the GIL, so the
     watch costs the loop nothing."""
-    watcher, _clients["announce"] = _connect(), _connect()
+    global _announcer
+    watcher, _announcer = _connect(), _connect()
     if watcher is None:
         return
     key = _key()

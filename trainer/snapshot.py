@@ -233,11 +233,11 @@ class Snapshotter:
     def _device_stage(self, layout: Layout) -> Optional[DeviceStage]:
         """The device-memory stage (`--snapshot_staging device` or `split`), made at the first
         snapshot; without the device memory for it, snapshots copy to the host directly."""
+        if self._stage is not None and self._stage.layout == layout:
+            return self._stage
+        self._stage = None
         start = layout.suffix_start(self.device_share)
-        if start >= layout.total_bytes:
-            return None
-        if self._stage is None or self._stage.layout != layout or self._stage.start != start:
-            self._stage = None
+        if start < layout.total_bytes:
             try:
                 self._stage = DeviceStage(layout, self.device, start)
             except torch.cuda.OutOfMemoryError:

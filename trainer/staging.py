@@ -262,19 +262,17 @@ class DeviceStage:
                 stream: "torch.cuda.Stream | None") -> "torch.cuda.Event | None":
         """Copy `tensors` here on the current stream (ordered before the optimizer), then to
         `dst` on `stream`; returns the event that marks `dst` complete (None on CPU: done)."""
-        names = list(self.views)
-        dsts, srcs = [self.views[n] for n in names], [tensors[n] for n in names]
         if stream is None:
-            torch._foreach_copy_(dsts, srcs)
+            torch._foreach_copy_(list(self.views.values()), [tensors[n] for n in self.views])
             dst.flat[self.start:].copy_(self.flat)
             return None
         current = torch.cuda.current_stream(self.flat.device)
         if self._copied_out is not None:  # the previous copy out may still read the stage
             current.wait_event(self._copied_out)
-        on_device = [i for i, t in enumerate(srcs) if t.is_cuda]
-        torch._foreach_copy_([dsts[i] for i in on_device], [srcs[i] for i in on_device],
+        on_device = [n for n in self.views if tensors[n].is_cuda]
+        torch._foreach_copy_([self.views[n] for n in on_device], [tensors[n] for n in on_device],
                              non_blocking=True)
-        self._upload([n for n, t in zip(names, srcs) if not t.is_cuda], tensors)
+        self._upload([n for n in self.views if not tensors[n].is_cuda], tensors)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
             dst.flat[self.start:].copy_(self.flat, non_blocking=True)
