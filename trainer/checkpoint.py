@@ -30,8 +30,12 @@ from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveSt
 MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
 
 
-def _warm_up(_: object) -> None:
-    """A no-op request: makes the worker process start (and import torch) ahead of need."""
+def _warm_up(worker_pid: int) -> None:
+    """The first request: makes the writer process start (and import torch) ahead of need, and
+    tie its life to the worker's."""
+    from trainer.forkserver import die_with
+
+    die_with(worker_pid)
 
 
 def default_node_dir() -> Path:
@@ -118,7 +122,7 @@ class CheckpointManager:
             from trainer.nvrx_compat import AsyncWriter
 
             self._writer = AsyncWriter()
-            self._writer.submit(_warm_up, None)  # finalized along with the first real write
+            self._writer.submit(_warm_up, os.getpid())  # finalized along with the first real write
 
     def save(self, step: int, model, optimizer, meta: dict, final: bool = False,
              source: Optional[HostBuffer] = None,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from trainer.config import ConfigError, FinalError, TrainConfig, parse_args
+from trainer.forkserver import forked_worker
 from trainer.launch import record_final_error
 
 
@@ -75,7 +76,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Stamped before torch is imported: a restart's breakdown shows the import time too.
     events = EventLog(events_file, int(os.environ.get("RANK", 0)))
     events.emit("launch", mode=cfg.mode, world_size=int(os.environ.get("WORLD_SIZE", 1)),
-                launcher_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+                launcher_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                forked=forked_worker())
     import torch.distributed as dist
 
     from trainer.parallel import dist_env
@@ -134,6 +136,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         return 1
     finally:
+        if cfg.ft_launcher:
+            from trainer.heartbeat import detach_heartbeat
+
+            detach_heartbeat(hooks)
         StateKeeper.release(hooks.keep, failed)
         if dist.is_initialized():
             dist.destroy_process_group()

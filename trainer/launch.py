@@ -44,7 +44,7 @@ class LaunchSpec:
     max_restarts: int = 20
     heartbeat_timeout: float = 300.0
     initial_heartbeat_timeout: float = 1200.0
-    monitor_interval: float = 5.0
+    monitor_interval: float = 1.0
     rdzv_id: str = "nvrx-eks"
     rdzv_join_timeout: float = 600.0
 
@@ -61,23 +61,25 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     """argv for this node's launcher; the trainer gets `--mode` from the spec."""
     py = sys.executable
     if RecoveryMode(spec.mode).uses_ft_launcher:
+        from trainer.forkserver import launcher_args
         from trainer.nvrx_compat import ft_launcher_flags
 
-        launcher = [py, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher",
+        # ft_launcher, with workers forked from a process that has imported the trainer
+        launcher = [py, "-m", "trainer.forkserver",
                     f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.nproc_per_node}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.master_addr}:{spec.master_port}",
                     f"--rdzv-id={spec.rdzv_id}", f"--rdzv-conf={rdzv_conf(spec)}",
                     f"--node-rank={spec.node_rank}",
                     *ft_launcher_flags(spec.max_restarts, spec.heartbeat_timeout,
                                        spec.initial_heartbeat_timeout, spec.monitor_interval)]
-    else:
-        # baseline and in-process alone: a process death ends the job; the Job (or the local
-        # supervisor) restarts everything, like the published Kubernetes baseline.
-        launcher = [py, "-m", "torch.distributed.run", f"--nnodes={spec.nnodes}",
-                    f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
-                    f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
-                    f"--rdzv-conf={rdzv_conf(spec)}",
-                    "--max-restarts=0", f"--monitor-interval={min(spec.monitor_interval, 1.0):g}"]
+        return [*launcher, *launcher_args(), "--mode", spec.mode, *trainer_args]
+    # baseline and in-process alone: a process death ends the job; the Job (or the local
+    # supervisor) restarts everything, like the published Kubernetes baseline.
+    launcher = [py, "-m", "torch.distributed.run", f"--nnodes={spec.nnodes}",
+                f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
+                f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
+                f"--rdzv-conf={rdzv_conf(spec)}",
+                "--max-restarts=0", f"--monitor-interval={min(spec.monitor_interval, 1.0):g}"]
     return [*launcher, "-m", "trainer", "--mode", spec.mode, *trainer_args]
 
 
@@ -114,7 +116,7 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     p.add_argument("--max_restarts", type=int, default=20)
     p.add_argument("--heartbeat_timeout", type=float, default=300.0)
     p.add_argument("--initial_heartbeat_timeout", type=float, default=1200.0)
-    p.add_argument("--monitor_interval", type=float, default=5.0)
+    p.add_argument("--monitor_interval", type=float, default=1.0)
     p.add_argument("--rdzv_id", default="nvrx-eks")
     p.add_argument("--rdzv_join_timeout", type=float, default=600.0,
                    help="seconds a node waits for the others at rendezvous; must outlast a node "

@@ -10,6 +10,8 @@ Differences absorbed:
   watched here (`writer_alive`).
 - ft_launcher: heartbeat timeouts default to None (no hang detection) from 0.6, so they are
   always passed; `--ft-restart-policy` is a deprecated no-op from 0.6 and only passed before.
+  Before 0.5 its vendored copy of torchelastic reads `.pid` off a failed function worker's
+  exception, which torch names `error_pid` (`ft_launcher_main`).
 - inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU
   health checks whenever LOCAL_RANK is set, which fail on CPU ranks.
 """
@@ -88,7 +90,23 @@ def ft_launcher_flags(max_restarts: int, heartbeat_timeout: float, initial_heart
         f"--monitor-interval={monitor_interval:g}",
         f"--ft-initial-rank-heartbeat-timeout={initial_heartbeat_timeout:g}",
         f"--ft-rank-heartbeat-timeout={heartbeat_timeout:g}",
+        # how often a rank monitor looks for a missed heartbeat (NVRx: every 5 s, which added
+        # up to 5 s to the detection of a hang)
+        f"--ft-workload-check-interval={monitor_interval:g}",
     ]
     if NVRX_VERSION < (0, 6):
         flags.append("--ft-restart-policy=any-failed")
     return flags
+
+
+def ft_launcher_main() -> int:
+    """Run ft_launcher in this process, on this process's command line."""
+    if NVRX_VERSION < (0, 5):
+        import torch.multiprocessing as mp
+
+        for cls in (mp.ProcessRaisedException, mp.ProcessExitedException):
+            if not hasattr(cls, "pid"):
+                cls.pid = property(lambda exc: exc.error_pid)
+    from nvidia_resiliency_ext.fault_tolerance.launcher import main
+
+    return main()

@@ -47,11 +47,14 @@ def test_launcher_command_per_mode():
     spec = LaunchSpec("ft_launcher+inprocess", 4, 8, 2, "job-0.svc", 29500, 7, 300, 1200, 5)
     cmd = build_command(spec, ["--max_steps", "10"])
     joined = " ".join(cmd)
-    assert "fault_tolerance.launcher" in joined
+    assert cmd[1:3] == ["-m", "trainer.forkserver"]  # ft_launcher, workers forked
     assert "--max-restarts=7" in cmd and "--ft-rank-heartbeat-timeout=300" in cmd
     assert "--ft-initial-rank-heartbeat-timeout=1200" in cmd
     assert "--rdzv-endpoint=job-0.svc:29500" in cmd and "--nnodes=4" in cmd
-    assert cmd[cmd.index("-m", 3) + 1:] == ["trainer", "--mode", "ft_launcher+inprocess", "--max_steps", "10"]
+    assert "--ft-workload-check-interval=5" in cmd
+    script = cmd.index("--start-method=forkserver") + 1
+    assert cmd[script] == str(ROOT / "trainer" / "__main__.py")
+    assert cmd[script + 1:] == ["--mode", "ft_launcher+inprocess", "--max_steps", "10"]
     base = build_command(LaunchSpec("baseline", 2, 8, 1, "job-0.svc", 29500), [])
     assert "torch.distributed.run" in " ".join(base)
     assert "--max-restarts=0" in base and "--node-rank=1" in base

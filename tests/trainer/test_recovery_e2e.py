@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from config.contract import RecoveryMode
 from tests.trainer.conftest import (FAST_RECOVERY, INTERVAL, STEPS, events, faults, faults_fired,
                                     first, ok, results, run_local)
 
@@ -50,6 +51,9 @@ def test_mode_recovers_from_its_faults(cache_dir, reference, tmp_path, mode):
     detected = first(ev, {"baseline": "worker_failed", "ft_launcher": "launch"}.get(mode, "abort"),
                      after=hang["t"])
     assert detected and detected["t"] - hang["t"] <= bound
+    launches = [e for e in ev if e["event"] == "launch"]
+    # ft_launcher forks its workers from a process that has imported the trainer
+    assert {e["forked"] for e in launches} == {RecoveryMode(mode).uses_ft_launcher}
     if mode == "baseline":  # the other rank left with the one that raised, not after it
         raised = next(f for f in fired if f["type"] == "exception")
         left = first(ev, "peer_failed", after=raised["t"])

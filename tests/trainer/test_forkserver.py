@@ -1,0 +1,85 @@
+"""Workers forked from a process that has imported the trainer (trainer.forkserver)."""
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.trainer.conftest import ROOT
+from trainer.forkserver import PRELOAD
+
+
+def _report_group(queue) -> None:
+    queue.put((os.getpid(), os.getpgrp()))
+
+
+def test_a_forked_worker_leads_its_own_process_group_before_its_pid_is_known():
+    """A launcher that signals its workers' groups must never hit its own (NVRx 0.7 does)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["trainer.worker_groups"])
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_report_group, args=(queue,))
+    proc.start()
+    seen_at_once = os.getpgid(proc.pid)
+    pid, group = queue.get(timeout=60)
+    proc.join(timeout=60)
+    assert seen_at_once == group == pid == proc.pid != os.getpgrp()
+
+
+def test_every_preloaded_module_imports_without_touching_cuda():
+    """The fork server skips a module that fails to import, silently: a typo here would only
+    show as slower restarts."""
+    code = ("import importlib, sys, torch\n"
+            f"for name in {list(PRELOAD)!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(torch.cuda.is_initialized())\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_helper_exits_once_its_worker_is_killed(tmp_path):
+    """The checkpoint writer follows a worker that the launcher SIGKILLs alone."""
+    ready = tmp_path / "helper.pid"
+    helper = (f"import os, time, sys; sys.path.insert(0, {str(ROOT)!r})\n"
+              "from trainer.forkserver import die_with\n"
+              "die_with(os.getppid(), poll_s=0.05)\n"
+              f"open({str(ready)!r}, 'w').write(str(os.getpid()))\n"
+              "time.sleep(600)\n")
+    worker = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                               f"'-c', {helper!r}]); time.sleep(600)"])
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() or not ready.read_text():
+            assert time.monotonic() < deadline, "the helper never started"
+            time.sleep(0.05)
+        helper_pid = int(ready.read_text())
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        while _alive(helper_pid):
+            assert time.monotonic() < deadline, "the helper outlived its worker"
+            time.sleep(0.05)
+    finally:
+        worker.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_die_with_a_worker_already_gone_exits_at_once():
+    proc = subprocess.run([sys.executable, "-c",
+                           "import os, sys, time\n"
+                           f"sys.path.insert(0, {str(ROOT)!r})\n"
+                           "from trainer.forkserver import die_with\n"
+                           "die_with(os.getppid() + 1_000_000, poll_s=0.05)\n"
+                           "time.sleep(60)\n"], timeout=120)
+    assert proc.returncode == 1

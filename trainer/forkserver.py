@@ -1,0 +1,71 @@
+"""ft_launcher whose workers are forked from a process that has already imported the trainer.
+
+A restarted worker spent about 9 s of a 20 s ft_launcher restart on imports: torch with its
+distributed packages 5.5 s, transformers 3.5 s (BENCHMARKS.md section 6). ft_launcher can start
+its workers as functions (`--run-path`) through multiprocessing's fork server: one process per
+node imports `PRELOAD` once, and each worker of each restart is forked from it with those modules
+in place. The fork server never initializes CUDA (a forked CUDA context is unusable), and none of
+these modules does on import; every worker sets up its own device. Each worker leads its own
+process group, as a command-line worker does (`trainer.worker_groups`).
+
+    python -m trainer.forkserver <ft_launcher flags> --run-path --start-method=forkserver \\
+        <trainer/__main__.py> <trainer flags>
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+# What a worker imports before its first step; a module missing here is imported by each worker.
+PRELOAD = (
+    "trainer.worker_groups",  # first: the server's forks get process groups of their own
+    "trainer.cli", "trainer.train", "trainer.recovery", "trainer.checkpoint", "trainer.snapshot",
+    "trainer.staging", "trainer.heartbeat", "trainer.failfast", "trainer.faults", "trainer.inprocess",
+    "trainer.model", "trainer.parallel", "trainer.data", "trainer.goodput",
+    "transformers.models.llama.modeling_llama",
+    "nvidia_resiliency_ext.fault_tolerance.launcher",  # the worker function's own module
+    "torch.distributed.checkpoint",
+)
+WORKER_SCRIPT = Path(__file__).with_name("__main__.py")
+
+
+def launcher_args() -> list[str]:
+    """ft_launcher flags that start each worker as `trainer/__main__.py` in a forked process."""
+    return ["--run-path", "--start-method=forkserver", str(WORKER_SCRIPT)]
+
+
+def forked_worker() -> bool:
+    """Whether this process is a worker forked by the fork server: multiprocessing ends it (and
+    waits for the other workers' results first), so it must return instead of exiting."""
+    return multiprocessing.parent_process() is not None
+
+
+def die_with(worker_pid: int, poll_s: float = 0.5) -> None:
+    """In a helper process of a worker (the checkpoint writer): exit once the worker is gone.
+
+    torchelastic stops a forked worker by signalling its pid alone, not its process group (NVRx
+    0.7 signals the group as well, 0.4.1 does not), so a helper must follow the worker itself.
+    (Not with PR_SET_PDEATHSIG: it fires when the *thread* that started the helper ends.)"""
+    def watch() -> None:
+        while os.getppid() == worker_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="worker-watch").start()
+
+
+def main() -> None:
+    os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    from trainer.nvrx_compat import ft_launcher_main
+
+    sys.exit(ft_launcher_main())
+
+
+if __name__ == "__main__":
+    main()
