@@ -1,5 +1,6 @@
 """Workers forked from a process that has imported the trainer (trainer.forkserver)."""
 
+import inspect
 import multiprocessing
 import os
 import signal
@@ -83,3 +84,53 @@ def test_die_with_a_worker_already_gone_exits_at_once():
                            "die_with(os.getppid() + 1_000_000, poll_s=0.05)\n"
                            "time.sleep(60)\n"], timeout=120)
     assert proc.returncode == 1
+
+
+def _group(code: str) -> subprocess.Popen:
+    """A process leading a process group of its own, like a forked worker."""
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_stopping_worker_groups_terminates_kills_and_skips_empty_ones():
+    from trainer.nvrx_compat import stop_worker_groups
+
+    polite = _group("import time; time.sleep(600)")
+    stubborn = _group("import signal, time, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "print('ready', flush=True); time.sleep(600)")
+    gone = _group("pass")
+    gone.wait()
+    assert stubborn.stdout.readline().strip() == "ready"  # its handler is in place
+    stop_worker_groups({polite.pid, stubborn.pid, gone.pid}, grace_s=2.0)
+    assert polite.wait(timeout=30) == -signal.SIGTERM
+    assert stubborn.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_stopping_worker_groups_leaves_group_one_alone():
+    """NVRx's own exception (its tests run rank monitors in group 1); signalling it here would
+    reach every process of a container."""
+    from trainer.nvrx_compat import stop_worker_groups
+
+    victim = _group("import time; time.sleep(600)")
+    try:
+        stop_worker_groups({1, victim.pid}, grace_s=0.1)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_only_nvrx_07s_group_cleanup_is_replaced():
+    import types
+
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    from trainer.nvrx_compat import stop_worker_groups, use_stop_worker_groups
+
+    installed = getattr(launcher, "terminate_mp_processes", None)
+    use_stop_worker_groups(launcher)
+    if installed is not None and "allowed_ppids" in inspect.signature(installed).parameters:
+        assert launcher.terminate_mp_processes is installed  # 0.4.1: another function
+    nvrx_07 = types.SimpleNamespace(terminate_mp_processes=lambda allowed_pgids: None)
+    use_stop_worker_groups(nvrx_07)
+    assert nvrx_07.terminate_mp_processes is stop_worker_groups
