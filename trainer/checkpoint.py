@@ -25,7 +25,8 @@ from trainer.phases import injected_delay
 from trainer.staging import HostBuffer, Layout, host_copy_stream
 from trainer.state import local_tensors, restore, shard_layout
 from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
-                           MANIFEST, StorageError, error_file, step_dir_name, write_shard)
+                           MANIFEST, StorageError, error_file, follow_worker, step_dir_name,
+                           write_shard)
 
 MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
 
@@ -33,9 +34,7 @@ MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returne
 def _warm_up(worker_pid: int) -> None:
     """The first request: makes the writer process start (and import torch) ahead of need, and
     tie its life to the worker's."""
-    from trainer.forkserver import die_with
-
-    die_with(worker_pid)
+    follow_worker(worker_pid)
 
 
 def default_node_dir() -> Path:

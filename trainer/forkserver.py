@@ -17,8 +17,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-import threading
-import time
 from pathlib import Path
 
 # What a worker imports before its first step; a module missing here is imported by each worker.
@@ -43,20 +41,6 @@ def forked_worker() -> bool:
     """Whether this process is a worker forked by the fork server: multiprocessing ends it (and
     waits for the other workers' results first), so it must return instead of exiting."""
     return multiprocessing.parent_process() is not None
-
-
-def die_with(worker_pid: int, poll_s: float = 0.5) -> None:
-    """In a helper process of a worker (the checkpoint writer): exit once the worker is gone.
-
-    torchelastic stops a forked worker by signalling its pid alone, not its process group (NVRx
-    0.7 signals the group as well, 0.4.1 does not), so a helper must follow the worker itself.
-    (Not with PR_SET_PDEATHSIG: it fires when the *thread* that started the helper ends.)"""
-    def watch() -> None:
-        while os.getppid() == worker_pid:
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="worker-watch").start()
 
 
 def main() -> None:

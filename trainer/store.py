@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,21 @@ class ShardWrite:
 
 
 _PARENT_WATCHED = False
+
+
+def follow_worker(worker_pid: int, poll_s: float = 0.5) -> None:
+    """From the writer's start: exit once the worker that started it is gone.
+
+    torchelastic stops a forked worker (`trainer.forkserver`) by signalling its pid alone, not
+    its process group, and a worker may die before its first write sets `_die_with_parent`.
+    That one cannot be set here: PR_SET_PDEATHSIG fires when the *thread* that started the
+    writer ends, and the starting thread (the start-up phase) is still running now."""
+    def watch() -> None:
+        while os.getppid() == worker_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="worker-watch").start()
 
 
 def _die_with_parent() -> None:

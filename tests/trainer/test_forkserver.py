@@ -46,8 +46,8 @@ def test_a_helper_exits_once_its_worker_is_killed(tmp_path):
     """The checkpoint writer follows a worker that the launcher SIGKILLs alone."""
     ready = tmp_path / "helper.pid"
     helper = (f"import os, time, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from trainer.forkserver import die_with\n"
-              "die_with(os.getppid(), poll_s=0.05)\n"
+              "from trainer.store import follow_worker\n"
+              "follow_worker(os.getppid(), poll_s=0.05)\n"
               f"open({str(ready)!r}, 'w').write(str(os.getpid()))\n"
               "time.sleep(600)\n")
     worker = subprocess.Popen([sys.executable, "-c",
@@ -76,12 +76,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_die_with_a_worker_already_gone_exits_at_once():
+def test_a_helper_of_a_worker_already_gone_exits_at_once():
     proc = subprocess.run([sys.executable, "-c",
                            "import os, sys, time\n"
                            f"sys.path.insert(0, {str(ROOT)!r})\n"
-                           "from trainer.forkserver import die_with\n"
-                           "die_with(os.getppid() + 1_000_000, poll_s=0.05)\n"
+                           "from trainer.store import follow_worker\n"
+                           "follow_worker(os.getppid() + 1_000_000, poll_s=0.05)\n"
                            "time.sleep(60)\n"], timeout=120)
     assert proc.returncode == 1
 
