@@ -15,6 +15,7 @@ the process group is rebuilt. Two details make it work for real:
 # No `from __future__ import annotations`: NVRx finds the CallWrapper parameter by its real annotation.
 
 import os
+import time
 from datetime import timedelta
 from typing import Optional
 
@@ -23,7 +24,7 @@ import torch
 from trainer.config import ConfigError, FinalError, TrainConfig
 from trainer.events import EventLog
 from trainer.launch import INPROCESS_PORT_ENV
-from trainer.nvrx_compat import NVRX_VERSION
+from trainer.nvrx_compat import restart_health_check
 from trainer.parallel import DistEnv, dist_env
 from trainer.phases import PhaseTimeout
 from trainer.train import Hooks, run
@@ -42,6 +43,42 @@ def _record_abort(events: EventLog):
     return RecordAbort()
 
 
+def _timed_checks(events: EventLog, which: str, check):
+    """`check` (a health check or NVRx Compose of them) run in NVRx's order, stamping what each
+    part cost: on GPUs every restart runs NVML checks, and their cost is part of the restart's."""
+    from nvidia_resiliency_ext.inprocess.health_check import HealthCheck
+
+    def parts(c) -> list:  # Compose(a, b) runs b, then a
+        return [p for i in reversed(c.instances) for p in parts(i)] if hasattr(c, "instances") else [c]
+
+    class TimedChecks(HealthCheck):
+        def __init__(self, checks: list) -> None:
+            self.checks = checks
+            self.instances = tuple(reversed(checks))  # as a Compose's: the wrapper's chain takes the parts
+
+        def __call__(self, state):
+            seconds = {}
+            for c in self.checks:
+                t0 = time.perf_counter()
+                state = c(state)
+                seconds[type(c).__name__] = round(time.perf_counter() - t0, 4)
+            events.emit("health_check", which=which, seconds=seconds)
+            return state
+
+    return TimedChecks(parts(check))
+
+
+def _hold_nvml() -> None:
+    """NVML's init is reference-counted and its first init is the costly one: holding one open
+    for the process's life makes the init and shutdown of each restart's NVML checks cheap."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no NVML here: NVRx's checks then skip themselves the same way
+        pass
+
+
 def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
     import nvidia_resiliency_ext.inprocess as inprocess
     from nvidia_resiliency_ext.inprocess.abort import AbortTorchDistributed
@@ -49,7 +86,8 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
     checks = [inprocess.health_check.FaultCounter(max_rank_faults=cfg.inprocess_max_restarts)]
     if env.device.type == "cuda":
         checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=timedelta(seconds=30)))
-    health = inprocess.Compose(*checks) if len(checks) > 1 else checks[0]
+        _hold_nvml()
+    health = _timed_checks(events, "health_check", inprocess.Compose(*checks) if len(checks) > 1 else checks[0])
     base_port = int(os.environ.get(INPROCESS_PORT_ENV, int(os.environ.get("MASTER_PORT", 29500)) + 1))
     min_world = cfg.min_world_size or env.world_size
     wrapper = inprocess.Wrapper(
@@ -77,8 +115,10 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
         barrier_timeout=timedelta(seconds=cfg.barrier_timeout),
         completion_timeout=timedelta(seconds=cfg.completion_timeout),
     )
-    if NVRX_VERSION >= (0, 5) and env.device.type != "cuda":
-        wrapper.restart_health_check = health  # 0.5+ adds NVML GPU checks that fail on CPU ranks
+    restart_check = restart_health_check(wrapper)
+    if restart_check is not None:  # NVRx 0.5+; its NVML checks fail on CPU ranks
+        wrapper.restart_health_check = _timed_checks(
+            events, "restart_health_check", restart_check if env.device.type == "cuda" else health)
     return wrapper, base_port
 
 

@@ -14,8 +14,9 @@ Differences absorbed:
   exception, which torch names `error_pid` (`ft_launcher_main`). 0.7 ends every stop of the
   workers with SIGTERM to their process groups, a fixed 1 s sleep and SIGKILL, even when the
   groups are already empty; `stop_worker_groups` does the same but returns once they are.
-- inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU
-  health checks whenever LOCAL_RANK is set, which fail on CPU ranks.
+- inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU,
+  NVLink and NIC checks to every restart whenever LOCAL_RANK is set, which fail on CPU ranks
+  (`restart_health_check`).
 """
 
 from __future__ import annotations
@@ -154,3 +155,9 @@ def _signal_group(pgid: int, sig: int) -> bool:
     except OSError:
         log.warning("could not signal process group %s", pgid, exc_info=True)
     return True
+
+
+def restart_health_check(wrapper) -> Optional[Any]:
+    """From 0.5, the check a restart runs: the wrapper's `health_check`, then NVML GPU, NVLink and
+    NIC checks. None before 0.5, where the wrapper's `health_check` runs at restarts too."""
+    return getattr(wrapper, "restart_health_check", None) if NVRX_VERSION >= (0, 5) else None
