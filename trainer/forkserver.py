@@ -14,6 +14,7 @@ process group, as a command-line worker does (`trainer.worker_groups`).
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import sys
@@ -43,8 +44,22 @@ def forked_worker() -> bool:
     return multiprocessing.parent_process() is not None
 
 
+def plain_elastic_logs() -> None:
+    """Give the launcher's torchelastic records a plain formatter. torch's own imports
+    torch._dynamo the first time it formats a record with a traceback, and in the launcher that
+    record is the first worker failure: the import (4.8 s on an H200 host) ran before the launcher
+    reacted to it (BENCHMARKS.md section 7)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(
+        "%(levelname).1s%(asctime)s %(process)d %(name)s:%(lineno)d] %(message)s"))
+    logger = logging.getLogger("torch.distributed.elastic")
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
 def main() -> None:
     os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
+    plain_elastic_logs()
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     from trainer.nvrx_compat import ft_launcher_main
 

@@ -134,3 +134,23 @@ def test_only_nvrx_07s_group_cleanup_is_replaced():
     nvrx_07 = types.SimpleNamespace(terminate_mp_processes=lambda allowed_pgids: None)
     use_stop_worker_groups(nvrx_07)
     assert nvrx_07.terminate_mp_processes is stop_worker_groups
+
+
+def test_the_launchers_first_worker_failure_log_imports_nothing():
+    """torch's log formatter imports torch._dynamo for a record with a traceback; in the launcher
+    the first such record is the first worker failure, and the import delayed the restart."""
+    code = ("import sys, torch.distributed.elastic.multiprocessing.api as api\n"
+            "from trainer.forkserver import plain_elastic_logs\n"
+            "if sys.argv[1] == 'plain':\n"
+            "    plain_elastic_logs()\n"
+            "try:\n"
+            "    raise RuntimeError('worker failed')\n"
+            "except RuntimeError:\n"
+            "    api.logger.exception('failed (exitcode: 1)')\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = {how: subprocess.run([sys.executable, "-c", code, how], cwd=ROOT, capture_output=True,
+                               text=True, timeout=120) for how in ("torch", "plain")}
+    assert out["torch"].stdout.split() == ["True"]  # the cause, still there in torch's formatter
+    assert out["plain"].stdout.split() == ["False"]
+    assert "RuntimeError: worker failed" in out["plain"].stderr
+    assert "failed (exitcode: 1)" in out["plain"].stderr
