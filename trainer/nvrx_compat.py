@@ -14,6 +14,8 @@ Differences absorbed:
   exception, which torch names `error_pid` (`ft_launcher_main`). 0.7 ends every stop of the
   workers with SIGTERM to their process groups, a fixed 1 s sleep and SIGKILL, even when the
   groups are already empty; `stop_worker_groups` does the same but returns once they are.
+  0.7's barrier rendezvous finds the round its own launcher has just opened only after a 1 s
+  sleep (`use_prompt_rendezvous`).
 - inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU,
   NVLink and NIC checks to every restart whenever LOCAL_RANK is set, which fail on CPU ranks
   (`restart_health_check`).
@@ -21,6 +23,7 @@ Differences absorbed:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -117,6 +120,13 @@ def ft_launcher_main() -> int:
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
     use_stop_worker_groups(launcher)
+    try:
+        from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import \
+            _RendezvousBarrierState
+    except ImportError:  # before 0.7: another rendezvous
+        pass
+    else:
+        use_prompt_rendezvous(_RendezvousBarrierState)
     return launcher.main()
 
 
@@ -126,6 +136,24 @@ def use_stop_worker_groups(launcher) -> None:
     cleanup = getattr(launcher, "terminate_mp_processes", None)
     if cleanup is not None and list(inspect.signature(cleanup).parameters) == ["allowed_pgids"]:
         launcher.terminate_mp_processes = stop_worker_groups
+
+
+def use_prompt_rendezvous(state: type) -> None:
+    """0.7's wait for an open round (`_RendezvousBarrierState`) first sees the finished round
+    closed, syncs to the round the launcher has just opened, then sleeps 1 s before it looks
+    again: 1 s of every restart. Syncing once on entry finds the new round open at the first
+    look; the wait is otherwise unchanged (the sync is the one its loop runs)."""
+    wait = state._wait_for_rendezvous_open
+    if getattr(wait, "synced_first", False):
+        return
+
+    @functools.wraps(wait)
+    def sync_then_wait(self, *args, **kwargs):
+        self._sync_from_per_round_state()
+        return wait(self, *args, **kwargs)
+
+    sync_then_wait.synced_first = True
+    state._wait_for_rendezvous_open = sync_then_wait
 
 
 def stop_worker_groups(allowed_pgids, grace_s: float = 1.0, poll_s: float = 0.02) -> None:

@@ -154,3 +154,33 @@ def test_the_launchers_first_worker_failure_log_imports_nothing():
     assert out["plain"].stdout.split() == ["False"]
     assert "RuntimeError: worker failed" in out["plain"].stderr
     assert "failed (exitcode: 1)" in out["plain"].stderr
+
+
+class _BarrierState:
+    """The shape of NVRx 0.7's `_RendezvousBarrierState` wait: look, sync, sleep 1 s, look again."""
+
+    def __init__(self) -> None:
+        self._round, self.open_rounds, self.sleeps = 0, {1}, 0
+
+    def _sync_from_per_round_state(self) -> bool:
+        newer = max(self.open_rounds)
+        synced, self._round = newer > self._round, max(newer, self._round)
+        return synced
+
+    def _wait_for_rendezvous_open(self, node_desc) -> None:
+        while self._round not in self.open_rounds:
+            self._sync_from_per_round_state()
+            self.sleeps += 1
+
+
+def test_a_launcher_joins_the_round_it_has_just_opened_without_sleeping():
+    from trainer.nvrx_compat import use_prompt_rendezvous
+
+    before = _BarrierState()
+    before._wait_for_rendezvous_open("node")
+    assert before.sleeps == 1 and before._round == 1
+    use_prompt_rendezvous(_BarrierState)
+    use_prompt_rendezvous(_BarrierState)  # once only
+    after = _BarrierState()
+    after._wait_for_rendezvous_open("node")
+    assert after.sleeps == 0 and after._round == 1
