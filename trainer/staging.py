@@ -150,7 +150,7 @@ class HostBuffer:
 
     @classmethod
     def warm(cls, files: Sequence[tuple[Path, Layout]], pin: bool) -> None:
-        """Map and pin, on background threads, buffers that an earlier process left: a
+        """Map and pin, on a background thread, buffers that an earlier process left: a
         restarted process calls this before it builds its process group and model, and its
         `open` then finds them ready instead of pinning gigabytes on the restart's critical
         path. Best effort: whatever fails here, `open` does again and reports."""
@@ -161,26 +161,23 @@ class HostBuffer:
             return
         device = _current_device() if pin else None
 
-        def run(path: Path, layout: Layout) -> None:
+        def run() -> None:
             if device is not None:
                 torch.cuda.set_device(device)
-            try:
-                buf = cls(path, layout, pin)
-            except Exception:  # noqa: BLE001 - open() retries and raises
-                return
-            with cls._lock:
-                kept = cls._open.setdefault(path, buf)
-            if kept is not buf:
-                buf.close()
+            for path, layout in todo:
+                try:
+                    buf = cls(path, layout, pin)
+                except Exception:  # noqa: BLE001 - open() retries and raises
+                    continue
+                with cls._lock:
+                    kept = cls._open.setdefault(path, buf)
+                if kept is not buf:
+                    buf.close()
 
-        # One thread per buffer, as in open_all: pinning is page by page in the kernel, and two
-        # slots pinned one after the other were the longest part of an ft_launcher restart.
-        threads = {p: threading.Thread(target=run, args=(p, lay), daemon=True, name="buffer-warm")
-                   for p, lay in todo}
+        thread = threading.Thread(target=run, daemon=True, name="buffer-warm")
         with cls._lock:
-            cls._warming.update(threads)
-        for thread in threads.values():
-            thread.start()
+            cls._warming.update({p: thread for p, _ in todo})
+        thread.start()
 
     def __init__(self, path: Path, layout: Layout, pin: bool):
         self.path = Path(path)

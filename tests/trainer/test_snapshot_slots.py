@@ -73,9 +73,8 @@ def test_a_restarted_process_gets_the_slots_its_predecessor_left_mapped_in_the_b
 
     warm_slots(tmp_path, rank=0, pin=False)
     threads = set(_under(HostBuffer._warming, tmp_path).values())
-    assert len(threads) == 3  # one per slot: pinning them one after the other was slow
-    for thread in threads:
-        thread.join(timeout=30)
+    assert len(threads) == 1
+    threads.pop().join(timeout=30)
     warmed = _under(HostBuffer._open, tmp_path)
     assert len(warmed) == 3
 
