@@ -50,12 +50,15 @@ def _timed_checks(events: EventLog, which: str, check):
     from nvidia_resiliency_ext.inprocess.health_check import HealthCheck
 
     def parts(c) -> list:  # Compose(a, b) runs b, then a
-        return [p for i in reversed(c.instances) for p in parts(i)] if hasattr(c, "instances") else [c]
+        if not hasattr(c, "instances"):
+            return [c]
+        return [p for i in reversed(c.instances) for p in parts(i)]
 
     class TimedChecks(HealthCheck):
         def __init__(self, checks: list) -> None:
             self.checks = checks
-            self.instances = tuple(reversed(checks))  # as a Compose's: the wrapper's chain takes the parts
+            # as a Compose's: the wrapper's restart chain takes the parts, not this
+            self.instances = tuple(reversed(checks))
 
         def __call__(self, state):
             seconds = {}
@@ -88,7 +91,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
     if env.device.type == "cuda":
         checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=timedelta(seconds=30)))
         _hold_nvml()
-    health = _timed_checks(events, "health_check", inprocess.Compose(*checks) if len(checks) > 1 else checks[0])
+    health = _timed_checks(events, "health_check", inprocess.Compose(*checks))
     base_port = int(os.environ.get(INPROCESS_PORT_ENV, int(os.environ.get("MASTER_PORT", 29500)) + 1))
     min_world = cfg.min_world_size or env.world_size
     wrapper = inprocess.Wrapper(
