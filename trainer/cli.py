@@ -62,7 +62,7 @@ def _leave_with_failed_peers(hooks, rank: int, events) -> None:
 
     def leave(failed: int) -> None:
         if failed != rank:
-            events.emit("peer_failed", failed_rank=failed, sync=True)
+            events.emit("peer_failed", failed_rank=failed)
             exit_now(hooks)
 
     failfast.watch(leave)
@@ -107,17 +107,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             summary = run(cfg, env, events, hooks)
         failed = False
     except ConfigError as exc:  # a setting that only fails once the model is known
-        events.emit("error", type="ConfigError", message=str(exc), fatal=True, sync=True)
+        events.emit("error", type="ConfigError", message=str(exc), fatal=True)
         record_final_error(f"rank {env.rank}: {exc}")
         print(f"python -m trainer: error: {exc}", file=sys.stderr, flush=True)
         return 2
     except FinalError as exc:  # no restart can fix it: one line, exit 2
-        events.emit("error", type=type(exc).__name__, message=str(exc)[:500], fatal=True, sync=True)
+        events.emit("error", type=type(exc).__name__, message=str(exc)[:500], fatal=True)
         record_final_error(f"rank {env.rank}: {exc}")
         print(f"rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
         return 2
     except Exception as exc:  # one clear line per rank; the traceback goes to stderr below it
-        events.emit("error", type=type(exc).__name__, message=str(exc)[:500], sync=True)
+        events.emit("error", type=type(exc).__name__, message=str(exc)[:500])
         print(f"rank {env.rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         traceback.print_exc()
         if not cfg.inprocess:  # the launcher restarts the workers: leave now, see exit_now
@@ -127,8 +127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         if exc.__cause__ is None:  # the iteration limit or the world size, not one error
-            events.emit("error", type=type(exc).__name__, message=str(exc)[:500], fatal=True,
-                        sync=True)
+            events.emit("error", type=type(exc).__name__, message=str(exc)[:500], fatal=True)
         print(f"rank {env.rank}: error: in-process restart gave up: {exc}", file=sys.stderr,
               flush=True)
         if isinstance(exc.__cause__, (ConfigError, FinalError)):

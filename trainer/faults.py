@@ -129,7 +129,7 @@ class FaultInjector:
             fault = Fault(step, self.rank, self._rng.choices(self.types, weights=self.weights)[0])
         if fault is None or not self._claim(fault):
             return
-        self.events.emit("fault", sync=True, step=step, type=fault.type)
+        self.events.emit("fault", step=step, type=fault.type)
         fire(fault.type, self.device_type, step, self.node_root)
 
 
@@ -163,7 +163,7 @@ def at_point(point: str, step: int, rank: int, record_dir: Optional[Path], event
         if name != point or int(who) != rank or attempt < int(since):
             continue
         if claim_marker(Path(record_dir) / "faults" / f"point{i:03d}_{name}_rank{rank:05d}", name):
-            events.emit("fault", sync=True, step=step, type="exception", point=point)
+            events.emit("fault", step=step, type="exception", point=point)
             raise InjectedFault(f"injected exception at {point}")
 
 

@@ -38,7 +38,7 @@ def _record_abort(events: EventLog):
         """Stamps the moment the wrapper decided to restart (detection)."""
 
         def __call__(self, state):
-            events.emit("abort", iteration=state.iteration, sync=True)
+            events.emit("abort", iteration=state.iteration)
             return state
 
     return RecordAbort()
@@ -148,7 +148,7 @@ class Attempts:
             why = "not retried" if isinstance(exc, self.FATAL) else \
                 "failed again before training a step; not retried"
             events.emit("error", type=type(exc).__name__, message=f"{cause} ({why})",
-                        fatal=True, sync=True)
+                        fatal=True)
             raise RestartAbort(f"{cause} ({why})") from exc
 
 

@@ -173,7 +173,7 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
             return 2
         if failed is None:
             return 0
-        events.emit("worker_failed", sync=True, attempt=attempt, exit_code=failed.returncode)
+        events.emit("worker_failed", attempt=attempt, exit_code=failed.returncode)
         _stop(procs)
         if failed.returncode == 2:  # a setting no restart can fix
             print(f"trainer.local: error: mode {args.mode} stopped: {_cause(events.path)}",
