@@ -30,6 +30,7 @@ import os
 import signal
 import time
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
@@ -167,11 +168,28 @@ def stop_worker_groups(allowed_pgids, grace_s: float = 1.0, poll_s: float = 0.02
         _signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while groups and time.monotonic() < deadline:
-        groups = {pgid for pgid in groups if _signal_group(pgid, 0)}
+        groups = {pgid for pgid in groups if group_alive(pgid)}
         if groups:
             time.sleep(poll_s)
     for pgid in groups:
         _signal_group(pgid, signal.SIGKILL)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the group can still run. A zombie cannot, yet it keeps the group
+    signallable: a worker's child orphaned under a PID 1 that reaps nothing (a container's
+    launcher) would make every stop wait out its grace."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return _signal_group(pgid, 0)
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

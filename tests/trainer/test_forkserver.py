@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from tests.trainer.conftest import ROOT
 from trainer.forkserver import PRELOAD
@@ -104,6 +105,27 @@ def test_stopping_worker_groups_terminates_kills_and_skips_empty_ones():
     stop_worker_groups({polite.pid, stubborn.pid, gone.pid}, grace_s=2.0)
     assert polite.wait(timeout=30) == -signal.SIGTERM
     assert stubborn.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_group_left_with_zombies_is_empty():
+    """A worker's child that exited under a parent that never reaps it is a zombie: it keeps the
+    group signallable, but a stop that waited for it would always wait out its grace."""
+    from trainer.nvrx_compat import group_alive
+
+    running = _group("import time; time.sleep(600)")
+    zombie = _group("pass")  # never waited for until the end: it stays a zombie
+    try:
+        stat = Path(f"/proc/{zombie.pid}/stat")
+        for _ in range(600):
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        os.killpg(zombie.pid, 0)  # still signallable
+        assert group_alive(running.pid) and not group_alive(zombie.pid)
+    finally:
+        running.kill()
+        running.wait()
+        zombie.wait()
 
 
 def test_stopping_worker_groups_leaves_group_one_alone():
