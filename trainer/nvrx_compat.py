@@ -168,28 +168,29 @@ def stop_worker_groups(allowed_pgids, grace_s: float = 1.0, poll_s: float = 0.02
         _signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while groups and time.monotonic() < deadline:
-        groups = {pgid for pgid in groups if group_alive(pgid)}
+        groups = live_groups(groups)
         if groups:
             time.sleep(poll_s)
     for pgid in groups:
         _signal_group(pgid, signal.SIGKILL)
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a process of the group can still run. A zombie cannot, yet it keeps the group
-    signallable: a worker's child orphaned under a PID 1 that reaps nothing (a container's
-    launcher) would make every stop wait out its grace."""
+def live_groups(pgids: set[int]) -> set[int]:
+    """Those of the groups in which a process can still run, from one pass over /proc. A zombie
+    cannot, yet it keeps its group signallable: a worker's child orphaned under a PID 1 that
+    reaps nothing (a container's launcher) would make every stop wait out its grace."""
     proc = Path("/proc")
     if not proc.is_dir():
-        return _signal_group(pgid, 0)
+        return {pgid for pgid in pgids if _signal_group(pgid, 0)}
+    live = set()
     for stat in proc.glob("[0-9]*/stat"):
         try:
             state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
-        if int(pgrp) == pgid and state not in ("Z", "X"):
-            return True
-    return False
+        if state not in ("Z", "X") and int(pgrp) in pgids:
+            live.add(int(pgrp))
+    return live
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

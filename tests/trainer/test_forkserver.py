@@ -110,7 +110,7 @@ def test_stopping_worker_groups_terminates_kills_and_skips_empty_ones():
 def test_a_group_left_with_zombies_is_empty():
     """A worker's child that exited under a parent that never reaps it is a zombie: it keeps the
     group signallable, but a stop that waited for it would always wait out its grace."""
-    from trainer.nvrx_compat import group_alive
+    from trainer.nvrx_compat import live_groups
 
     running = _group("import time; time.sleep(600)")
     zombie = _group("pass")  # never waited for until the end: it stays a zombie
@@ -121,7 +121,7 @@ def test_a_group_left_with_zombies_is_empty():
                 break
             time.sleep(0.05)
         os.killpg(zombie.pid, 0)  # still signallable
-        assert group_alive(running.pid) and not group_alive(zombie.pid)
+        assert live_groups({running.pid, zombie.pid}) == {running.pid}
     finally:
         running.kill()
         running.wait()
