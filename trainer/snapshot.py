@@ -56,7 +56,7 @@ class Slot:
     meta: Optional[dict] = None
     pins: int = 0               # readers (a durable write, a peer send) that need it unchanged
     pending: Optional[tuple[int, dict, object]] = None  # (step, meta, cuda event) until copied
-    guard: Optional[object] = None  # while pending: the event the optimizer must wait for
+    guards: tuple = ()          # while pending: the events the optimizer must wait for
 
     def invalidate(self) -> None:
         self.header.unlink(missing_ok=True)
@@ -213,11 +213,15 @@ class Snapshotter:
         stage = self._device_stage(slot.buffer.layout)
         direct = [n for n in slot.buffer.views if stage is None or n not in stage.views]
         # Straight to the host: the optimizer must wait for these copies (`fence`). Through the
-        # stage: it waits for the device-to-device copy alone, queued on its own stream.
-        slot.guard = slot.buffer.stage(tensors, self._stream, wait=False, names=direct) \
+        # stage: it waits for the device-to-device copy alone, which runs beside the next
+        # forward pass; the copy to the host follows it on the host-copy stream.
+        copied = slot.buffer.stage(tensors, self._stream, wait=False, names=direct) \
             if direct else None
-        copied = stage.capture(tensors, slot.buffer, self._stream) if stage is not None \
-            else slot.guard
+        guards = (copied,)
+        if stage is not None:
+            staged, copied = stage.capture(tensors, slot.buffer, self._stream)
+            guards += (staged,)
+        slot.guards = tuple(g for g in guards if g is not None)
         if copied is None:  # on the host: complete already
             if SLOW_SNAPSHOT_ENV in os.environ:
                 time.sleep(float(os.environ[SLOW_SNAPSHOT_ENV]))
@@ -249,11 +253,12 @@ class Snapshotter:
 
     def fence(self) -> None:
         """Before the optimizer changes the state: its kernels wait for the pending copies
-        straight to the host (on the GPU, without blocking the CPU); what went through the
-        device stage is already copied."""
+        straight to the host and into the device stage (on the GPU, without blocking the CPU);
+        the stage's own copy to the host may still run."""
         for slot in self.slots:
-            if slot.pending is not None and slot.guard is not None:
-                torch.cuda.current_stream(self.device).wait_event(slot.guard)
+            if slot.pending is not None:
+                for event in slot.guards:
+                    torch.cuda.current_stream(self.device).wait_event(event)
 
     def _commit_when_copied(self, slot: Slot, pending: tuple) -> None:
         """Hand the copy to the committer thread, which writes the header once it is on host."""
