@@ -8,19 +8,23 @@ from pathlib import Path
 from typing import Any, Optional
 
 
-def write_json_atomic(path: Path, data: object) -> None:
-    """Write JSON so that readers see the old file or the complete new one, never a torn one."""
+def write_json_atomic(path: Path, data: object, durable: bool = True) -> None:
+    """Write JSON so that readers see the old file or the complete new one, never a torn one.
+    `durable=False` skips the fsyncs, for files that need not survive the node: an fsync
+    waits behind whatever the file system is writing back (a checkpoint: seconds)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
             json.dump(data, f, indent=1)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

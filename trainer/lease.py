@@ -108,8 +108,10 @@ class Lease:
         self._renewed = time.monotonic()
 
     def renew(self) -> None:
+        """On rank 0's loop, between steps: no fsync, which would wait behind a checkpoint
+        being written to the same file system. A lease lost with its node has expired anyway."""
         if time.monotonic() - self._renewed >= RENEW_EVERY_S:
-            write_json_atomic(self.path, self._mine())
+            write_json_atomic(self.path, self._mine(), durable=False)
             self._renewed = time.monotonic()
 
     def release(self) -> None:
