@@ -337,8 +337,9 @@ RECOVERY_LOCAL = {"baseline": ("--backoff_seconds", "1"),
 
 
 def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[str],
-                   deterministic: bool, mode: str) -> list[str]:
-    extra = [] if mode == "baseline" else TIERS  # the baseline is the published one
+                   deterministic: bool, mode: str, staging: str = "host") -> list[str]:
+    # the baseline is the published one: no tiers
+    extra = [] if mode == "baseline" else [*TIERS, "--snapshot_staging", staging]
     return [*_model_args(model, batch, seq, data), "--max_steps", str(steps),
             "--checkpoint_interval", str(steps // 4), *RECOVERY_TIMEOUTS, *extra,
             "--deterministic", "true" if deterministic else "false"]
@@ -346,7 +347,8 @@ def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[
 
 def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
               modes: list[str], data: Optional[str], deterministic: bool,
-              timeout: Optional[float], determinism_cost: bool = False) -> dict:
+              timeout: Optional[float], determinism_cost: bool = False,
+              staging: str = "host") -> dict:
     """The recovery runs' settings without faults: every mode must finish with 0 restarts, and
     in deterministic mode with one param_sha256 (the one the faulted runs must match). With
     `determinism_cost`, a baseline run with deterministic mode flipped gives its step-time
@@ -358,7 +360,7 @@ def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: in
     for mode, det in runs:
         name = f"faultfree-{mode.replace('+', '-')}" + ("-det" if det else "")
         res[name] = _train(name, out, mode, nproc,
-                           _recovery_args(model, batch, seq, steps, data, det, mode),
+                           _recovery_args(model, batch, seq, steps, data, det, mode, staging),
                            RECOVERY_LOCAL[mode],
                            timeout=timeout or RUN_LIMITS["faultfree"][mode])
         _save(out, f"faultfree-{'-'.join(m.replace('+', '-') for m in modes)}", res)
@@ -367,13 +369,15 @@ def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: in
 
 def recovery(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
              modes: list[str], data: Optional[str], deterministic: bool,
-             timeout: Optional[float]) -> dict:
+             timeout: Optional[float], staging: str = "host") -> dict:
+    """The 5-fault schedule in each mode; with a `staging` other than host, restores also
+    check that staging's snapshots bit for bit (the hash must match the fault-free one)."""
     res = {}
     for mode in modes:
-        name = f"recovery-{mode.replace('+', '-')}"
+        name = f"recovery-{mode.replace('+', '-')}" + ("" if staging == "host" else f"-{staging}")
         res[name] = _train(name, out, mode, nproc,
-                           [*_recovery_args(model, batch, seq, steps, data, deterministic, mode),
-                            *FAULTS], RECOVERY_LOCAL[mode],
+                           [*_recovery_args(model, batch, seq, steps, data, deterministic, mode,
+                                            staging), *FAULTS], RECOVERY_LOCAL[mode],
                            timeout=timeout or RUN_LIMITS["recovery"][mode])
         _save(out, f"recovery-{'-'.join(m.replace('+', '-') for m in modes)}", res)
     return res
@@ -439,7 +443,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="throughput: steps between snapshots in the fault-tolerant run")
     p.add_argument("--snapshot_staging", default="host",
                    help="throughput: the fault-tolerant runs' --snapshot_staging, one run each "
-                        f"(comma-separated from {', '.join(SNAPSHOT_STAGING)})")
+                        f"(comma-separated from {', '.join(SNAPSHOT_STAGING)}); recovery, "
+                        "faultfree: the first one")
     p.add_argument("--throughput_runs", default=",".join(THROUGHPUT_RUNS),
                    help="throughput: which of eager, compiled and compiled-ft to run")
     p.add_argument("--activation_checkpointing", default="none",
@@ -478,10 +483,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.what == "faultfree":
         faultfree(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
                   a.modes.split(","), a.data_path, a.deterministic, a.run_timeout,
-                  a.determinism_cost)
+                  a.determinism_cost, a.snapshot_staging.split(",")[0])
     if a.what in ("recovery", "all"):
         recovery(a.out, a.model, a.nproc, a.batch_size, a.seq_len, a.recovery_steps,
-                 a.modes.split(","), a.data_path, a.deterministic, a.run_timeout)
+                 a.modes.split(","), a.data_path, a.deterministic, a.run_timeout,
+                 a.snapshot_staging.split(",")[0])
     if a.what == "tiers":
         tiers(a.out, a.model, a.nproc, a.batch_size, a.seq_len, int(a.intervals.split(",")[0]),
               a.data_path)
