@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -162,6 +163,7 @@ def supervise(cmd: list[str], env: dict) -> int:
     which the local runner and the Job's pod failure policy never retry.
     """
     final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
+    become_subreaper()
     proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)})
 
     def forward(signum, frame) -> None:  # the pod's SIGTERM (to PID 1) reaches the launcher
@@ -170,7 +172,7 @@ def supervise(cmd: list[str], env: dict) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    while proc.poll() is None and not final.exists():
+    while not reap_orphans(proc) and not final.exists():
         time.sleep(0.2)
     if final.exists():
         if proc.poll() is None:
@@ -184,6 +186,30 @@ def supervise(cmd: list[str], env: dict) -> int:
               flush=True)
         return 2
     return proc.returncode
+
+
+def become_subreaper() -> None:
+    """Orphans of the launcher's processes (the children of a killed worker) come to this
+    process instead of the system's init, as they do to a pod's PID 1, which this process is
+    in the pods; `reap_orphans` collects them. Left as zombies, they would pile up over
+    restarts and keep a killed worker's process group signallable."""
+    if os.path.exists("/proc/self"):
+        PR_SET_CHILD_SUBREAPER = 36
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def reap_orphans(proc: subprocess.Popen) -> bool:
+    """Collect every child that has exited, the launcher included; True once it has."""
+    while proc.returncode is None:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # no children at all: the launcher was collected elsewhere
+            return proc.poll() is not None
+        if pid == 0:
+            break
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode is not None
 
 
 def record_final_error(message: str) -> None:

@@ -1,0 +1,45 @@
+"""The node's launcher process (`trainer.launch.supervise`, PID 1 in the pods) adopts and collects
+the orphans of the processes under it, and still returns the launcher's own exit code."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The "launcher": starts a process that starts a grandchild and exits at once, orphaning it.
+# The grandchild records its parent and exits; the launcher then looks for zombies among the
+# children of its own parent (supervise) and exits 3.
+ORPHAN = "import os, sys, time; time.sleep(0.3); open(sys.argv[1], 'w').write(str(os.getppid()))"
+MIDDLE = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]])"
+LAUNCHER = f"""
+import os, subprocess, sys, time
+out = sys.argv[1]
+subprocess.run([sys.executable, "-c", {MIDDLE!r}, {ORPHAN!r}, out + ".orphan-parent"])
+deadline = time.time() + 30
+while not os.path.exists(out + ".orphan-parent") and time.time() < deadline:
+    time.sleep(0.05)
+time.sleep(1.0)  # the orphan has exited: supervise polls every 0.2 s
+zombies = 0
+for d in os.listdir("/proc"):
+    try:
+        fields = open(f"/proc/{{d}}/stat").read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        continue
+    zombies += fields[0] == "Z" and int(fields[1]) == os.getppid()
+open(out + ".zombies", "w").write(str(zombies))
+sys.exit(3)
+"""
+
+
+def test_orphans_under_the_launcher_are_adopted_and_collected_and_its_exit_code_kept(tmp_path):
+    out = tmp_path / "probe"
+    code = ("import os, sys; from trainer.launch import supervise; "
+            "print('supervise', os.getpid(), flush=True); "
+            f"sys.exit(supervise([sys.executable, '-c', {LAUNCHER!r}, {str(out)!r}], dict(os.environ)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    supervisor = int(proc.stdout.split()[1])
+    assert proc.returncode == 3, proc.stderr
+    assert int(Path(f"{out}.orphan-parent").read_text()) == supervisor  # adopted, not init's
+    assert Path(f"{out}.zombies").read_text() == "0"  # and collected
