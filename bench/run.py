@@ -331,9 +331,9 @@ RUN_LIMITS = {"faultfree": {"baseline": 200, "inprocess": 220, "ft_launcher": 24
                            "ft_launcher+inprocess": 260}}
 
 RECOVERY_LOCAL = {"baseline": ("--backoff_seconds", "1"),
-                  "ft_launcher": ("--heartbeat_timeout", "10", "--monitor_interval", "1"),
+                  "ft_launcher": ("--heartbeat_timeout", "10"),
                   "inprocess": (),
-                  "ft_launcher+inprocess": ("--heartbeat_timeout", "60", "--monitor_interval", "1")}
+                  "ft_launcher+inprocess": ("--heartbeat_timeout", "60")}
 
 
 def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[str],

@@ -45,7 +45,7 @@ class LaunchSpec:
     max_restarts: int = 20
     heartbeat_timeout: float = 300.0
     initial_heartbeat_timeout: float = 1200.0
-    monitor_interval: float = 1.0
+    monitor_interval: float = 0.3
     rdzv_id: str = "nvrx-eks"
     rdzv_join_timeout: float = 600.0
 
@@ -117,7 +117,7 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     p.add_argument("--max_restarts", type=int, default=20)
     p.add_argument("--heartbeat_timeout", type=float, default=300.0)
     p.add_argument("--initial_heartbeat_timeout", type=float, default=1200.0)
-    p.add_argument("--monitor_interval", type=float, default=1.0)
+    p.add_argument("--monitor_interval", type=float, default=0.3)
     p.add_argument("--rdzv_id", default="nvrx-eks")
     p.add_argument("--rdzv_join_timeout", type=float, default=600.0,
                    help="seconds a node waits for the others at rendezvous; must outlast a node "
