@@ -150,6 +150,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 DEVICE = "cuda"
+NODE_DIR: Optional[str] = None  # --node_dir of every run; None: the trainer's default
 TIERS = ["--tiers", "memory,node", "--snapshot_interval", "1"]  # a snapshot of every step
 NO_CHECKPOINT = ["--checkpoint_interval", "0", "--final_checkpoint", "false"]
 
@@ -157,7 +158,7 @@ NO_CHECKPOINT = ["--checkpoint_interval", "0", "--final_checkpoint", "false"]
 def _model_args(model: str, batch: int, seq: int, data: Optional[str]) -> list[str]:
     a = ["--model", model, "--seq_len", str(seq), "--batch_size", str(batch), "--device", DEVICE,
          "--log_interval", "50"]
-    return a + (["--data_path", data] if data else [])
+    return a + (["--data_path", data] if data else []) + (["--node_dir", NODE_DIR] if NODE_DIR else [])
 
 
 def _no_checkpoint(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
@@ -456,6 +457,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="profile: the trainer's --compile true in every window")
     p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
     p.add_argument("--data_path")
+    p.add_argument("--node_dir", help="every run's --node_dir (default: the trainer's, /dev/shm)")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")
     p.add_argument("--deterministic", action="store_true",
                    help="recovery and fault-free runs in deterministic mode: hashes comparable")
@@ -471,8 +473,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         bad = [v for v in value.split(",") if v not in allowed]
         if bad:
             p.error(f"{flag} {bad[0]!r}: choose from {', '.join(allowed)}")
-    global DEVICE
-    DEVICE = a.device
+    global DEVICE, NODE_DIR
+    DEVICE, NODE_DIR = a.device, a.node_dir
     a.out.mkdir(parents=True, exist_ok=True)
     _machine()
     if a.what in ("floors", "all"):

@@ -28,6 +28,13 @@ NODE_LOCAL_DIR = f"{NODEADM_RAID_MOUNT}/nvrx"
 # cloud-init runs before nodeadm-run.service starts kubelet.
 NR_HUGEPAGES_2MI = contract.NR_HUGEPAGES_2MI
 
+# --- Huge pages behind tmpfs on GPU nodes -------------------------------------------------------
+# `shmem_enabled = force` gives every tmpfs mount huge pages, the pods' /dev/shm emptyDirs
+# included: those take no mount options, so `huge=` cannot be set on them. systemd-tmpfiles
+# writes it again at every boot. Source: the kernel's admin-guide/mm/transhuge.
+SHMEM_THP_KNOB = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+SHMEM_THP_TMPFILES = "/etc/tmpfiles.d/90-nvrx-shmem-thp.conf"
+
 # --- Node disks -------------------------------------------------------------------------------
 # The root volume holds the OS and logs; images and kubelet state move to the NVMe RAID0.
 # Without instance store, images stay on the root volume, so it must hold them (CUDA images

@@ -205,6 +205,7 @@ class GpuStack(cdk.Stack):
                 gpu_ami=profile.cluster.gpu_ami,
                 placement_group=profile.placement_group,
                 capacity_reservation=profile.capacity_reservation,
+                huge_tmpfs=profile.tiers.huge_tmpfs and profile.tiers.node_dir == "shm",
             ),
         )
         # Nodes become Ready only with the CNI and kube-proxy in place.

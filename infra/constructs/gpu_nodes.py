@@ -71,13 +71,26 @@ def hugepages_script(nr_hugepages: int) -> list[str]:
     ]
 
 
+def huge_tmpfs_script() -> list[str]:
+    """Shell lines that back every tmpfs with huge pages now and on every boot. Registering the
+    snapshot slots a failed worker left took a restarted one 3.5-3.8 s on 4 KiB pages and
+    0.6-0.7 s on 2 MiB pages (22 GB, one H200; BENCHMARKS.md section 8)."""
+    return [
+        "set -euo pipefail",
+        f"echo 'w {c.SHMEM_THP_KNOB} - - - - force' > {c.SHMEM_THP_TMPFILES}",
+        f"echo force > {c.SHMEM_THP_KNOB}",
+    ]
+
+
 def gpu_user_data(
-    *, cluster_name: str, endpoint: str, certificate_authority: str, instance: InstanceSpec
+    *, cluster_name: str, endpoint: str, certificate_authority: str, instance: InstanceSpec,
+    huge_tmpfs: bool = False,
 ) -> ec2.MultipartUserData:
     """MIME user data: the NodeConfig part for nodeadm, a shell part for cloud-init.
 
     nodeadm-run.service (which starts kubelet) is ordered after cloud-final.service, so the
-    huge pages exist before kubelet counts them.
+    huge pages exist before kubelet counts them, and tmpfs takes huge pages before kubelet
+    mounts any pod's /dev/shm.
     """
     user_data = ec2.MultipartUserData()
     config = node_config(
@@ -93,9 +106,12 @@ def gpu_user_data(
             body="---\n" + yaml.safe_dump(config, sort_keys=False, width=10_000),
         )
     )
-    if instance.efa_interfaces > 0:
+    lines = hugepages_script(c.NR_HUGEPAGES_2MI) if instance.efa_interfaces > 0 else []
+    if huge_tmpfs:
+        lines += [line for line in huge_tmpfs_script() if line not in lines]
+    if lines:
         script = ec2.UserData.for_linux()
-        script.add_commands(*hugepages_script(c.NR_HUGEPAGES_2MI))
+        script.add_commands(*lines)
         user_data.add_part(ec2.MultipartBody.from_user_data(script))
     return user_data
 
@@ -110,6 +126,7 @@ class GpuNodesProps:
     gpu_ami: str
     placement_group: bool
     capacity_reservation: Optional[CapacityReservation]
+    huge_tmpfs: bool = False  # every tmpfs (the pods' /dev/shm) on 2 MiB pages
 
 
 class GpuNodes(Construct):
@@ -176,6 +193,7 @@ class GpuNodes(Construct):
             endpoint=cluster.cluster_endpoint,
             certificate_authority=cluster.cluster_certificate_authority_data,
             instance=spec,
+            huge_tmpfs=props.huge_tmpfs,
         )
         root_gib = (
             c.ROOT_VOLUME_GIB_WITH_NVME if spec.nvme_devices else c.ROOT_VOLUME_GIB_WITHOUT_NVME

@@ -291,6 +291,10 @@ def test_gpu_user_data_joins_labels_taints_raids_and_reserves_hugepages(synth, v
     # kubelet admits only as many pods as the VPC CNI has addresses for.
     assert spec["kubelet"]["config"]["maxPods"] == s.profile.instance.max_pods
     assert f"vm.nr_hugepages={c.NR_HUGEPAGES_2MI}" in text
+    # every tmpfs on 2 MiB pages (the pods' /dev/shm: the snapshot slots), now and at each boot
+    huge = s.profile.tiers.huge_tmpfs and s.profile.tiers.node_dir == "shm"
+    assert (f"echo force > {c.SHMEM_THP_KNOB}" in text) == huge
+    assert (f"w {c.SHMEM_THP_KNOB} - - - - force' > {c.SHMEM_THP_TMPFILES}" in text) == huge
 
 
 @pytest.mark.parametrize("variant", ["p5", "p4de", "p5-capacity-block"])
@@ -527,6 +531,12 @@ def test_node_user_data_without_efa_or_instance_store():
         cluster_name="c", endpoint="https://e", certificate_authority="ca", instance=no_efa
     ).render()
     assert "nr_hugepages" not in rendered and "application/node.eks.aws" in rendered
+    assert "x-shellscript" not in rendered  # no huge pages to reserve, no tmpfs to change
+    rendered = gpu_user_data(
+        cluster_name="c", endpoint="https://e", certificate_authority="ca", instance=no_efa,
+        huge_tmpfs=True,
+    ).render()
+    assert "x-shellscript" in rendered
     bare = replace(no_efa, nvme_devices=0)
     rendered = gpu_user_data(
         cluster_name="c", endpoint="https://e", certificate_authority="ca", instance=bare
