@@ -78,7 +78,8 @@ def huge_tmpfs_script() -> list[str]:
     return [
         "set -euo pipefail",
         f"echo 'w {c.SHMEM_THP_KNOB} - - - - force' > {c.SHMEM_THP_TMPFILES}",
-        f"echo force > {c.SHMEM_THP_KNOB}",
+        f"if [ -w {c.SHMEM_THP_KNOB} ]; then echo force > {c.SHMEM_THP_KNOB}; "
+        f"else echo 'nvrx-eks: no {c.SHMEM_THP_KNOB}: tmpfs stays on 4 KiB pages' >&2; fi",
     ]
 
 
