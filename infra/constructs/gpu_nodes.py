@@ -63,7 +63,6 @@ def node_config(
 def hugepages_script(nr_hugepages: int) -> list[str]:
     """Shell lines that reserve 2 MiB huge pages now and on every boot."""
     return [
-        "set -euo pipefail",
         f"echo 'vm.nr_hugepages = {nr_hugepages}' > /etc/sysctl.d/90-nvrx-hugepages.conf",
         f"sysctl -q -w vm.nr_hugepages={nr_hugepages}",
         f'got=$(cat /proc/sys/vm/nr_hugepages); [ "$got" -ge {nr_hugepages} ] || '
@@ -76,7 +75,6 @@ def huge_tmpfs_script() -> list[str]:
     snapshot slots a failed worker left took a restarted one 3.5-3.8 s on 4 KiB pages and
     0.6-0.7 s on 2 MiB pages (22 GB, one H200; BENCHMARKS.md section 8)."""
     return [
-        "set -euo pipefail",
         f"echo 'w {c.SHMEM_THP_KNOB} - - - - force' > {c.SHMEM_THP_TMPFILES}",
         f"if [ -w {c.SHMEM_THP_KNOB} ]; then echo force > {c.SHMEM_THP_KNOB}; "
         f"else echo 'nvrx-eks: no {c.SHMEM_THP_KNOB}: tmpfs stays on 4 KiB pages' >&2; fi",
@@ -109,10 +107,10 @@ def gpu_user_data(
     )
     lines = hugepages_script(c.NR_HUGEPAGES_2MI) if instance.efa_interfaces > 0 else []
     if huge_tmpfs:
-        lines += [line for line in huge_tmpfs_script() if line not in lines]
+        lines += huge_tmpfs_script()
     if lines:
         script = ec2.UserData.for_linux()
-        script.add_commands(*lines)
+        script.add_commands("set -euo pipefail", *lines)
         user_data.add_part(ec2.MultipartBody.from_user_data(script))
     return user_data
 
