@@ -301,7 +301,9 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     while step < cfg.max_steps:
         faults.at_step(step + 1)
         profiler.before(step + 1)
-        if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: a phase
+        # Lazy kernel, allocator and compile set-up make an attempt's first step a phase, unless
+        # it is profiled: the profiler would not see the phase's thread.
+        if hooks.steps_done == 0 and not profiler.covers(step + 1):
             rec = hooks.phase("first_step", one_step, cfg.startup_timeout, env.device)
         else:
             rec = one_step()

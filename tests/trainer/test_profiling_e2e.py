@@ -3,15 +3,19 @@ collectives told apart from compute. Real job, CPU ranks."""
 
 import json
 
+import pytest
+
 from tests.trainer.conftest import ok, results, run_local
 
 from trainer.profiling import category, host_wait
 
 
-def test_profile_window_writes_traces_and_a_summary(cache_dir, tmp_path):
+@pytest.mark.parametrize("first,count", [(3, 2), (1, 1)], ids=["steady", "first-step"])
+def test_profile_window_writes_traces_and_a_summary(cache_dir, tmp_path, first, count):
+    """Also for the first step, which otherwise runs on a phase's thread."""
     run_dir = tmp_path / "run"
-    proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "6", "--profile_from", "3",
-                     "--profile_steps", "2")
+    proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "6", "--profile_from",
+                     str(first), "--profile_steps", str(count))
     ok(proc)
     assert results(run_dir)["steps_completed"] == 6
     profile = run_dir / "profile"
@@ -19,12 +23,12 @@ def test_profile_window_writes_traces_and_a_summary(cache_dir, tmp_path):
         trace = json.loads((profile / f"rank{rank:05d}.trace.json").read_text())
         assert trace["traceEvents"]
     summary = json.loads((profile / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["time"] == "cpu"
+    assert summary["steps"] == count and summary["time"] == "cpu"
     by_category = summary["ms_per_step_by_category"]
     assert by_category["compute"] > 0 and by_category["collectives"] > 0
     assert any(op["op"].startswith("aten::mm") for op in summary["top_ops_ms_per_step"])
     assert isinstance(summary["host_wait_ms_per_step"], dict)
-    assert "profile of 2 steps" in proc.stdout
+    assert f"profile of {count} steps" in proc.stdout
 
 
 def test_operator_names_map_to_categories():
