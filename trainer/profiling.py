@@ -50,11 +50,6 @@ class StepProfiler:
         self._prof: Optional[profile] = None
         self.done = first <= 0 or out_dir is None
 
-    def covers(self, step: int) -> bool:
-        """Whether `step` falls in the window. The profiler records the operators of the thread
-        that started it (and autograd's), so a covered step must run on the loop's thread."""
-        return not self.done and self.first <= step <= self.last
-
     def before(self, step: int) -> None:
         """Call before training `step`."""
         if self.done or step != self.first or self._prof is not None:

@@ -28,7 +28,7 @@ from trainer.faults import FaultInjector, at_point, schedule
 from trainer.metrics import StepReadback, StepRecord, Throughput, Window
 from trainer.parallel import (DistEnv, build_sharded_model, device_name, full_param_sha256,
                               init_process_group, initialize_weights, peak_flops)
-from trainer.phases import run_phase, settle as settle_phases
+from trainer.phases import run_here, run_phase, settle as settle_phases
 from trainer.profiling import StepProfiler, profile_line
 from trainer.recovery import StateKeeper
 from trainer.state import ensure_optimizer_state
@@ -66,6 +66,10 @@ class Hooks:
               device: Optional[torch.device] = None) -> T:
         """Run set-up or tear-down work outside the progress timeouts, bounded by `bound_s`."""
         return run_phase(name, fn, bound_s, self.alive, device)
+
+    def phase_here(self, name: str, fn: Callable[[], T], bound_s: float) -> T:
+        """`phase`, but on this thread: for work whose per-thread caches the loop reuses."""
+        return run_here(name, fn, bound_s, self.alive)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -301,10 +305,8 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     while step < cfg.max_steps:
         faults.at_step(step + 1)
         profiler.before(step + 1)
-        # Lazy kernel, allocator and compile set-up make an attempt's first step a phase, unless
-        # it is profiled: the profiler would not see the phase's thread.
-        if hooks.steps_done == 0 and not profiler.covers(step + 1):
-            rec = hooks.phase("first_step", one_step, cfg.startup_timeout, env.device)
+        if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: bounded
+            rec = hooks.phase_here("first_step", one_step, cfg.startup_timeout)
         else:
             rec = one_step()
         step += 1

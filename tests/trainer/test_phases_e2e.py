@@ -19,11 +19,12 @@ SLOW = "8"  # seconds: beyond the soft timeout (6 s) and the ft_launcher heartbe
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_slow_startup_checkpoint_commit_and_final_save_cost_no_restart(cache_dir, tmp_path, mode):
+def test_slow_startup_first_step_checkpoint_commit_and_final_save_cost_no_restart(cache_dir, tmp_path, mode):
     run_dir = tmp_path / "run"
     proc = run_local(cache_dir, mode, run_dir, "--max_steps", "8", "--checkpoint_interval", "4",
                      *TIERS, *FAST_RECOVERY, local_args=LOCAL.get(mode, ()),
-                     extra_env={SLOW_PHASE_ENV: f"startup={SLOW},checkpoint={SLOW},final={SLOW},commit={SLOW}"})
+                     extra_env={SLOW_PHASE_ENV: f"startup={SLOW},first_step={SLOW},checkpoint={SLOW},"
+                                               f"final={SLOW},commit={SLOW}"})
     ok(proc)
     res = results(run_dir)  # asserts restarts == 0
     assert res["steps_completed"] == 8
