@@ -273,11 +273,9 @@ class DeviceStage:
         self._side.wait_stream(torch.cuda.current_stream(self.flat.device))  # the state is final
         if self._copied_out is not None:  # the previous copy out may still read the stage
             self._side.wait_event(self._copied_out)
-        with torch.cuda.stream(self._side):
-            on_device = [n for n in self.views if tensors[n].is_cuda]
-            torch._foreach_copy_([self.views[n] for n in on_device],
-                                 [tensors[n] for n in on_device], non_blocking=True)
-            self._upload([n for n in self.views if not tensors[n].is_cuda], tensors)
+        with torch.cuda.stream(self._side):  # the whole state is on the device (fused Adam)
+            torch._foreach_copy_(list(self.views.values()), [tensors[n] for n in self.views],
+                                 non_blocking=True)
             staged = torch.cuda.Event()
             staged.record(self._side)
         stream.wait_event(staged)
@@ -287,19 +285,3 @@ class DeviceStage:
             done.record(stream)
         self._copied_out = done
         return staged, done
-
-    def _upload(self, names: list[str], tensors: Mapping[str, torch.Tensor]) -> None:
-        """Host tensors (Adam's step counts, one scalar per parameter) into the stage: packed
-        into one pinned block per dtype and copied up at once. One pinned allocation and copy
-        per tensor cost the host tens of milliseconds a step; a copy from pageable memory would
-        make it wait for every step queued before it."""
-        by_dtype: dict[torch.dtype, list[str]] = {}
-        for name in names:
-            by_dtype.setdefault(tensors[name].dtype, []).append(name)
-        for group in by_dtype.values():
-            packed = torch.cat([tensors[n].reshape(-1) for n in group])
-            if self.flat.is_cuda:
-                packed = packed.pin_memory().to(self.flat.device, non_blocking=True)
-            parts = packed.split([tensors[n].numel() for n in group])
-            torch._foreach_copy_([self.views[n] for n in group],
-                                 [p.view(self.views[n].shape) for p, n in zip(parts, group)])

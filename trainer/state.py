@@ -35,11 +35,12 @@ def row_range(p: torch.Tensor) -> tuple[int, int]:
 
 
 def ensure_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Create Adam's state tensors before the first step, so they can be saved or loaded into."""
+    """Create Adam's state tensors before the first step, so they can be saved or loaded into.
+    The step count lives beside its parameter, as the fused optimizer keeps it."""
     for p in model.parameters():
         st = optimizer.state[p]
         if not st:
-            st["step"] = torch.zeros((), dtype=torch.float32)
+            st["step"] = torch.zeros((), dtype=torch.float32, device=_local(p).device)
             for k in OPTIM_KEYS:
                 st[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
 

@@ -19,11 +19,11 @@ MIB = 1 << 20
 
 
 def _state(value: float) -> dict[str, torch.Tensor]:
-    """Some 768 MiB on the device, large enough that a copy takes a while, and a host scalar
-    like Adam's step count (the device stage uploads those)."""
+    """Some 768 MiB on the device, large enough that a copy takes a while, and a scalar like
+    fused Adam's step count."""
     dev = torch.device("cuda", 0)
     state = {f"p{i}": torch.full((64 * MIB,), value, device=dev) for i in range(3)}
-    state["step"] = torch.tensor(value)
+    state["step"] = torch.tensor(value, device=dev)
     return state
 
 
