@@ -98,20 +98,6 @@ def test_buffers_open_in_parallel_and_a_new_layout_replaces_an_open_buffer(tmp_p
         b.close(unlink=True)
 
 
-def test_the_device_stage_takes_host_tensors_packed_by_dtype():
-    """Adam's step counts live on the host: they reach the stage in one block per dtype."""
-    from trainer.staging import DeviceStage
-
-    tensors = {"model/w": torch.randn(3, 5), "optim/w/step": torch.tensor(7.0),
-               "optim/w/exp_avg": torch.randn(3, 5), "optim/b/step": torch.tensor(9.0),
-               "optim/b/count": torch.tensor([4, 2], dtype=torch.int64)}
-    stage = DeviceStage(Layout.of(tensors), torch.device("cpu"))
-    host = ["optim/w/step", "optim/b/step", "optim/b/count"]
-    stage._upload(host, tensors)
-    for name in host:
-        assert torch.equal(stage.views[name], tensors[name]), name
-
-
 @pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
 def test_a_snapshot_is_whole_whatever_share_goes_through_the_device_stage(tmp_path, share):
     """`--snapshot_staging` host, split and device: the same bytes reach the slot; the stage
