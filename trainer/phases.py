@@ -1,15 +1,16 @@
 """Set-up and tear-down phases: bounded on their own, invisible to the training-progress timeouts.
 
 NVRx's soft and hard timeouts and ft_launcher's heartbeats watch the training loop. Start-up
-(model build, buffer mapping, pinning and pre-touch, restore, the first step), checkpoint drains
-and the final save are long calls into C: run on the main thread they starve NVRx's progress
-stamps (which run only between the main thread's Python bytecodes), and a healthy rank is
-restarted, again and again. A phase runs that work on a helper thread while the main thread keeps
-stamping and heartbeating; the phase's own bound ends it with a clear error instead.
+(model build, buffer mapping, pinning and pre-touch, restore), checkpoint drains and the final
+save are long calls into C: run on the main thread they starve NVRx's progress stamps (which run
+only between the main thread's Python bytecodes), and a healthy rank is restarted, again and
+again. A phase runs that work on a helper thread while the main thread keeps stamping and
+heartbeating; the phase's own bound ends it with a clear error instead. An attempt's first step
+(lazy set-up, compilation) is bounded the same way but runs on the main thread while the helper
+keeps the stamps going (`run_here`): the loop's later steps reuse what it caches there.
 
 The main thread stays interruptible throughout, so a peer's fault still restarts this rank at
-once. An attempt's first step is the exception (`run_here`): it runs on the main thread, because
-the loop's later steps reuse what it caches there. An interrupted phase's thread is waited for before the next attempt forms its process
+once. An interrupted phase's thread is waited for before the next attempt forms its process
 group (`settle`), so re-entry never races the work of the attempt it replaces.
 """
 

@@ -12,7 +12,7 @@ from trainer.profiling import category, host_wait
 
 @pytest.mark.parametrize("first,count", [(3, 2), (1, 1)], ids=["steady", "first-step"])
 def test_profile_window_writes_traces_and_a_summary(cache_dir, tmp_path, first, count):
-    """Also for the first step, which otherwise runs on a phase's thread."""
+    """Also for an attempt's first step, which is bounded like a phase."""
     run_dir = tmp_path / "run"
     proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "6", "--profile_from",
                      str(first), "--profile_steps", str(count))
