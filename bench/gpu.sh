@@ -15,6 +15,7 @@ export NVRX_EKS_CACHE=${NVRX_EKS_CACHE:-/tmp/nvrx-cache}
 # Keep BENCH_SECONDS some 30 s under the machine's per-command limit: logs are packed after each
 # part and once more on the way out, but a command killed outright returns only what was packed.
 deadline=$(( $(date +%s) + ${BENCH_SECONDS:-100000} ))
+export BENCH_SINCE=${BENCH_SINCE:-$(date +%s)}  # logs older than this call are not packed
 trap 'python3 -m bench.run bundle --out "$OUT"' EXIT
 for part in "$@"; do
   left=$(( deadline - $(date +%s) ))

@@ -416,13 +416,19 @@ def _version(pkg: str) -> Optional[str]:
         return None
 
 
+SINCE_ENV = "BENCH_SINCE"  # bench/gpu.sh: when its first part began (epoch seconds)
+
+
 def bundle(out: Path) -> None:
-    """Pack the run logs and event logs into one archive (the GPU machine returns few files)."""
+    """Pack the run logs and event logs into one archive (the GPU machine returns few files):
+    those written since $BENCH_SINCE, so a machine's earlier calls add nothing stale."""
     if not LOGS.is_dir():
         return
+    since = float(os.environ.get(SINCE_ENV, 0))
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
         for f in sorted(LOGS.iterdir()):
-            tar.add(f, arcname=f.name)
+            if f.stat().st_mtime >= since:
+                tar.add(f, arcname=f.name)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

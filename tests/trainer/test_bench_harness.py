@@ -2,6 +2,7 @@
 
 import json
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,19 @@ def test_throughput_runs_snapshots_alone_and_with_a_durable_write_beside_the_ref
     bench.throughput(tmp_path, "tiny", 2, 4, 64, 40, "none", 1, ["host"], [], None,
                      ["compiled-snapshots", "compiled-ft"])
     assert list(runs) == [f"{label}-compiled-ft"] and "--tiers" not in runs[f"{label}-compiled-ft"]
+
+
+def test_the_log_bundle_leaves_out_logs_of_earlier_calls(tmp_path, monkeypatch):
+    """A warm GPU machine keeps runs/bench from call to call: only this call's logs are packed."""
+    from bench import run as bench
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "old.log").write_text("earlier call")
+    (logs / "new.log").write_text("this call")
+    os.utime(logs / "old.log", (1000.0, 1000.0))
+    monkeypatch.setattr(bench, "LOGS", logs)
+    monkeypatch.setenv(bench.SINCE_ENV, "2000")
+    bench.bundle(tmp_path)
+    with tarfile.open(tmp_path / "logs.tar.gz") as tar:
+        assert tar.getnames() == ["new.log"]
