@@ -29,6 +29,7 @@ SLOW_PHASE_ENV = "NVRX_EKS_SLOW_PHASE"  # test hook: "startup=8,first_step=8,com
 _POLL_S = 0.05
 
 _running: Optional[threading.Thread] = None  # the phase thread of this process, if any
+_beating: Optional[threading.Event] = None  # stops run_here's keepalive helper
 
 
 class PhaseTimeout(RuntimeError):
@@ -49,6 +50,8 @@ def settle(bound_s: float, keepalive: Callable[[], None]) -> None:
     and a thread still inside a collective of the aborted process group must leave it (NCCL:
     at once; gloo: at its timeout) before the next group is formed."""
     global _running
+    if _beating is not None:  # a restart that hit run_here's `finally` early: no stale keepalives
+        _beating.set()
     previous = _running
     deadline = time.monotonic() + bound_s
     while previous is not None and previous.is_alive():
@@ -109,9 +112,10 @@ def run_here(name: str, fn: Callable[[], T], bound_s: float, keepalive: Callable
     heartbeats. Past the bound the helper stops, and a step that never returns is then a hang
     for the progress timeouts; one that returns late raises `PhaseTimeout`.
     """
+    global _beating
     settle(bound_s, keepalive)
     started = time.monotonic()
-    stop = threading.Event()
+    stop = _beating = threading.Event()
 
     def beat() -> None:
         while not stop.wait(_POLL_S) and time.monotonic() - started < bound_s:
