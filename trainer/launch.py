@@ -114,12 +114,13 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     p.add_argument("--node_rank", type=int, required=True)
     p.add_argument("--master_addr", required=True)
     p.add_argument("--master_port", type=int, default=29500)
-    p.add_argument("--max_restarts", type=int, default=20)
-    p.add_argument("--heartbeat_timeout", type=float, default=300.0)
-    p.add_argument("--initial_heartbeat_timeout", type=float, default=1200.0)
-    p.add_argument("--monitor_interval", type=float, default=0.3)
-    p.add_argument("--rdzv_id", default="nvrx-eks")
-    p.add_argument("--rdzv_join_timeout", type=float, default=600.0,
+    p.add_argument("--max_restarts", type=int, default=LaunchSpec.max_restarts)
+    p.add_argument("--heartbeat_timeout", type=float, default=LaunchSpec.heartbeat_timeout)
+    p.add_argument("--initial_heartbeat_timeout", type=float,
+                   default=LaunchSpec.initial_heartbeat_timeout)
+    p.add_argument("--monitor_interval", type=float, default=LaunchSpec.monitor_interval)
+    p.add_argument("--rdzv_id", default=LaunchSpec.rdzv_id)
+    p.add_argument("--rdzv_join_timeout", type=float, default=LaunchSpec.rdzv_join_timeout,
                    help="seconds a node waits for the others at rendezvous; must outlast a node "
                         "replacement (detection, eviction, boot, image pull)")
     a = p.parse_args(argv)

@@ -75,7 +75,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="ft_launcher rank heartbeat timeout (default: 30 s, and in "
                         "ft_launcher+inprocess 30 s beyond the trainer's --hard_timeout)")
     p.add_argument("--initial_heartbeat_timeout", type=float, default=120.0)
-    p.add_argument("--monitor_interval", type=float, default=0.3)
+    p.add_argument("--monitor_interval", type=float, default=LaunchSpec.monitor_interval)
     p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0: never)")
     args, rest = p.parse_known_args(argv)
     if rest and rest[0] == "--":
