@@ -3,7 +3,7 @@
 Each rank copies its shard into one of two slots (double buffering) every --snapshot_interval
 steps; a third keeps the step last sent to a peer, and another the step a durable checkpoint is
 being written from, so two slots always alternate and the newest complete snapshot is never the
-one being overwritten. A slot is a file-backed shared buffer in the node-local directory
+one being overwritten (a snapshot due while the last copy is still in flight waits for it). A slot is a file-backed shared buffer in the node-local directory
 (/dev/shm or the instance-store NVMe), so it serves two tiers at once:
 - memory: after an in-process restart the very same mapped buffer is read back (no I/O);
 - node:   after a process restart (ft_launcher) the new process maps the files again.
@@ -89,7 +89,9 @@ class Snapshotter:
         self.root.mkdir(parents=True, exist_ok=True)
         self.rank, self.world_size = rank, world_size
         self.local_world_size = local_world_size
-        self.device = device
+        # An index, always: the committer thread selects the device, and "cuda" alone names none.
+        self.device = torch.device("cuda", torch.cuda.current_device()) \
+            if device.type == "cuda" and device.index is None else device
         self.peer_enabled = "peer" in tiers and world_size > local_world_size
         self.keep_files = "node" in tiers or self.peer_enabled
         self.durable = durable
@@ -98,7 +100,7 @@ class Snapshotter:
         self.log = log
         self.slots: list[Slot] = []
         self.replicas: list[Slot] = []
-        self._stream = host_copy_stream(device)
+        self._stream = host_copy_stream(self.device)
         self.device_share = device_share  # of each snapshot's bytes, staged in device memory
         self._stage: Optional[DeviceStage] = None
         self._peer_group = None
@@ -108,8 +110,8 @@ class Snapshotter:
         self._lock = threading.Lock()  # pins and commits change on several threads
         self._copies: "queue.Queue[Optional[tuple[Slot, tuple]]]" = queue.Queue()
         self._committer: Optional[threading.Thread] = None
-        self.stats = {"count": 0, "blocking_seconds": 0.0, "skipped": 0, "peer_sends": 0,
-                      "peer_seconds": 0.0}
+        self.stats = {"count": 0, "blocking_seconds": 0.0, "skipped": 0, "waits": 0,
+                      "peer_sends": 0, "peer_seconds": 0.0}
         if "peer" in tiers and not self.peer_enabled:
             log("peer tier off: every rank is on one node, so there is no other node to hold a replica")
 
@@ -196,16 +198,28 @@ class Snapshotter:
         return max(done, key=lambda s: s.step) if done else None
 
     def _free_slot(self) -> Optional[Slot]:
+        """A slot to overwrite. The newest complete snapshot only while a pinned slot still holds
+        an older complete one: a crash during the copy must leave some snapshot to resume from."""
         newest = self.newest()
         free = [s for s in self.slots if s.pins == 0 and s.pending is None]
         others = [s for s in free if s is not newest]
-        return (others or free or [None])[0]
+        if others:
+            return others[0]
+        older = any(s.step >= 0 for s in self.slots if s is not newest)
+        return free[0] if free and older else None
 
     def take(self, step: int, tensors: dict[str, torch.Tensor], meta: dict) -> Optional[Slot]:
         """Start copying this step's shard into a free slot (asynchronously on CUDA)."""
         t0 = time.perf_counter()
         self.allocate(Layout.of(tensors))
         slot = self._free_slot()
+        if slot is None and any(s.pending is not None for s in self.slots):
+            # The last copy is still in flight and the newest complete snapshot is the only
+            # other slot: wait for the copy (a blocking wait, so that a device that hangs
+            # meanwhile stays a hang to the progress timeouts) instead of overwriting it.
+            self.stats["waits"] += 1
+            self.poll(wait=True)
+            slot = self._free_slot()
         if slot is None:  # every slot is being read: skip, recovery uses what exists
             self.stats["skipped"] += 1
             return None

@@ -4,6 +4,7 @@ the fence, as the optimizer does, with no host synchronization in between. Skipp
 run on a GPU machine with `python -m pytest tests/trainer/test_snapshot_gpu.py`."""
 
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,44 @@ def test_the_optimizer_right_after_the_fence_never_reaches_the_snapshot(node_dir
     _optimizer(state, 2.0)
     snap.poll(wait=True)
     assert slot.step == 1 and _holds(slot, 1.0)
+    snap.close(remove=True)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0], ids=["host", "split", "device"])
+def test_a_snapshot_due_while_the_last_copy_runs_keeps_the_newest_complete_one(node_dir, share):
+    """Copies slower than steps: step 3's snapshot is due while step 2's copy still runs, and the
+    only other slot holds step 1, the newest complete snapshot. Step 1 must stay until step 2 is
+    complete: a crash in between would otherwise find no snapshot at all."""
+    snap = _snapshotter(node_dir, share)
+    state = _state(1.0)
+    snap.take(1, state, {"step": 1})
+    snap.poll(wait=True)
+    torch.cuda._sleep(200_000_000)  # step 2's kernels still run, so its copy is still to come
+    snap.take(2, state, {"step": 2})
+    snap.fence()
+    _optimizer(state, 3.0)
+    snap.take(3, state, {"step": 3})
+    newest = snap.newest()
+    assert newest is not None and newest.step == 2 and _holds(newest, 1.0)
+    assert snap.stats["waits"] == 1
+    snap.poll(wait=True)
+    assert snap.newest().step == 3 and _holds(snap.newest(), 3.0)
+    snap.close(remove=True)
+
+
+def test_a_device_without_an_index_is_the_current_one(node_dir):
+    """"cuda" alone names no device, and the committer thread must select one."""
+    snap = Snapshotter(node_dir, rank=0, world_size=1, local_world_size=1,
+                       device=torch.device("cuda"), tiers=("memory", "node"), budget_gib=0.0,
+                       durable=False, events=EventLog(None, 0))
+    state = _state(1.0)
+    torch.cuda._sleep(100_000_000)
+    slot = snap.take(1, state, {"step": 1})
+    assert slot.pending is not None  # the copy runs: the committer thread will commit it
+    deadline = time.monotonic() + 30
+    while slot.step != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slot.step == 1 and snap._committer.is_alive()
     snap.close(remove=True)
 
 

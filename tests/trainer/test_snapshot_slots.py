@@ -40,6 +40,24 @@ def test_every_snapshot_leaves_the_previous_one_while_a_durable_write_reads_a_sl
     snap.close(remove=True)
 
 
+def test_the_newest_snapshot_is_never_the_free_slot_while_the_other_copy_is_in_flight(tmp_path):
+    """Two slots: step 5 complete in one, step 6 still being copied into the other. Overwriting
+    step 5 now would leave no complete snapshot until the copy lands, so no slot is free; `take`
+    then waits for the copy (on a GPU, where copies run in the background)."""
+    snap = _snapshotter(tmp_path, durable=False)
+    done = snap.take(5, _state(5), {"step": 5})
+    copying = next(s for s in snap.slots if s is not done)
+    copying.pending = (6, {"step": 6}, None)  # what `take` leaves while a device copy runs
+    assert snap._free_slot() is None
+    snap.pin(done)  # the durable write's or a peer's read: step 5 stays readable, still not free
+    assert snap._free_slot() is None
+    snap.unpin(done)
+    copying.pending = None
+    copying.commit(6, {"step": 6}, {})  # the copy landed: step 5 is the one to overwrite now
+    assert snap._free_slot() is done
+    snap.close(remove=True)
+
+
 def test_memory_rule_counts_the_writer_slot_and_the_peer_slots():
     shard = 1000
     assert own_slots(peer=False, durable=False) == 2
