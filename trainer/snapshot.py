@@ -211,30 +211,37 @@ class Snapshotter:
     def take(self, step: int, tensors: dict[str, torch.Tensor], meta: dict) -> Optional[Slot]:
         """Start copying this step's shard into a free slot (asynchronously on CUDA)."""
         t0 = time.perf_counter()
-        self.allocate(Layout.of(tensors))
+        layout = Layout.of(tensors)
+        self.allocate(layout)
         slot = self._free_slot()
-        if slot is None and any(s.pending is not None for s in self.slots):
+        in_flight = any(s.pending is not None for s in self.slots)
+        if slot is None and not in_flight:  # every slot is being read: skip, recovery uses what exists
+            self.stats["skipped"] += 1
+            return None
+        # Through the stage: the optimizer waits for the device-to-device copy alone, which runs
+        # beside the next forward pass, and needs no slot yet; the copy to the host follows it
+        # on the host-copy stream. Straight to the host: the optimizer waits for those copies.
+        stage = self._device_stage(layout)
+        staged = stage.fill(tensors) if stage is not None else None
+        if slot is None:
             # The last copy is still in flight and the newest complete snapshot is the only
-            # other slot: wait for the copy (a blocking wait, so that a device that hangs
-            # meanwhile stays a hang to the progress timeouts) instead of overwriting it.
+            # other slot: wait for the copy instead of overwriting it. A blocking wait, so that
+            # a device that hangs meanwhile stays a hang to the progress timeouts.
             self.stats["waits"] += 1
             self.poll(wait=True)
             slot = self._free_slot()
-        if slot is None:  # every slot is being read: skip, recovery uses what exists
-            self.stats["skipped"] += 1
-            return None
+            if slot is None:  # every slot is being read after all
+                if staged is not None:
+                    torch.cuda.current_stream(self.device).wait_event(staged)
+                self.stats["skipped"] += 1
+                return None
         slot.invalidate()
-        stage = self._device_stage(slot.buffer.layout)
         direct = [n for n in slot.buffer.views if stage is None or n not in stage.views]
-        # Straight to the host: the optimizer must wait for these copies (`fence`). Through the
-        # stage: it waits for the device-to-device copy alone, which runs beside the next
-        # forward pass; the copy to the host follows it on the host-copy stream.
         copied = slot.buffer.stage(tensors, self._stream, wait=False, names=direct) \
             if direct else None
-        guards = (copied,)
+        guards = (copied, staged)
         if stage is not None:
-            staged, copied = stage.capture(tensors, slot.buffer, self._stream)
-            guards += (staged,)
+            copied = stage.drain(slot.buffer, self._stream)
         slot.guards = tuple(g for g in guards if g is not None)
         if copied is None:  # on the host: complete already
             if SLOW_SNAPSHOT_ENV in os.environ:

@@ -257,31 +257,38 @@ class DeviceStage:
         self.flat = torch.empty(layout.total_bytes - start, dtype=torch.uint8, device=device)
         self.views = layout.views(self.flat, start)
         self._copied_out: "torch.cuda.Event | None" = None  # the last copy out, reading `flat`
+        self._filled: "torch.cuda.Event | None" = None  # the last copy in
         # The copy into the stage runs beside the next forward pass, not between two steps
         # on the compute stream, where it took some 2.5 ms of every step (3.7 GB).
         self._side = torch.cuda.Stream(device) if self.flat.is_cuda else None
 
-    def capture(self, tensors: Mapping[str, torch.Tensor], dst: HostBuffer,
-                stream: "torch.cuda.Stream | None"
-                ) -> "tuple[torch.cuda.Event | None, torch.cuda.Event | None]":
-        """Copy `tensors` here, then to `dst` on `stream`. Returns the events that mark the
-        stage filled (the optimizer must wait for it) and `dst` complete; None on CPU: done."""
-        if stream is None or self._side is None:
-            torch._foreach_copy_(list(self.views.values()), [tensors[n] for n in self.views])
-            dst.flat[self.start:].copy_(self.flat)
-            return None, None
+    def fill(self, tensors: Mapping[str, torch.Tensor]) -> "torch.cuda.Event | None":
+        """Copy `tensors` here, beside the compute stream, once the last copy out has read the
+        stage. Returns the event that marks the stage filled (the optimizer must wait for it);
+        None on CPU: done."""
+        sources = [tensors[n] for n in self.views]
+        if self._side is None:
+            torch._foreach_copy_(list(self.views.values()), sources)
+            return None
         self._side.wait_stream(torch.cuda.current_stream(self.flat.device))  # the state is final
         if self._copied_out is not None:  # the previous copy out may still read the stage
             self._side.wait_event(self._copied_out)
         with torch.cuda.stream(self._side):  # the whole state is on the device (fused Adam)
-            torch._foreach_copy_(list(self.views.values()), [tensors[n] for n in self.views],
-                                 non_blocking=True)
-            staged = torch.cuda.Event()
-            staged.record(self._side)
-        stream.wait_event(staged)
+            torch._foreach_copy_(list(self.views.values()), sources, non_blocking=True)
+            self._filled = torch.cuda.Event()
+            self._filled.record(self._side)
+        return self._filled
+
+    def drain(self, dst: HostBuffer, stream: "torch.cuda.Stream | None") -> "torch.cuda.Event | None":
+        """Copy the last fill to `dst` on `stream`. Returns the event that marks `dst` complete;
+        None on CPU: done."""
+        if stream is None or self._side is None:
+            dst.flat[self.start:].copy_(self.flat)
+            return None
+        stream.wait_event(self._filled)
         with torch.cuda.stream(stream):
             dst.flat[self.start:].copy_(self.flat, non_blocking=True)
             done = torch.cuda.Event()
             done.record(stream)
         self._copied_out = done
-        return staged, done
+        return done
