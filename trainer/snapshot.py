@@ -3,8 +3,9 @@
 Each rank copies its shard into one of two slots (double buffering) every --snapshot_interval
 steps; a third keeps the step last sent to a peer, and another the step a durable checkpoint is
 being written from, so two slots always alternate and the newest complete snapshot is never the
-one being overwritten (a snapshot due while the last copy is still in flight waits for it). A slot is a file-backed shared buffer in the node-local directory
-(/dev/shm or the instance-store NVMe), so it serves two tiers at once:
+one being overwritten (a snapshot due while the last copy is still in flight waits for it). A
+slot is a file-backed shared buffer in the node-local directory (/dev/shm or the instance-store
+NVMe), so it serves two tiers at once:
 - memory: after an in-process restart the very same mapped buffer is read back (no I/O);
 - node:   after a process restart (ft_launcher) the new process maps the files again.
 The peer tier sends a snapshot, in the background over a separate gloo group, to the same local
