@@ -67,8 +67,8 @@ USER ${APP_UID}
 ARG OFI_NCCL_NET="AWS Libfabric"
 RUN python -c "import ctypes, sys; lib = ctypes.CDLL('/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so'); names = [ctypes.c_char_p.in_dll(lib, f'ncclNetPlugin_v{v}').value.decode() for v in range(10, 5, -1) if hasattr(lib, f'ncclNetPlugin_v{v}')]; sys.exit(0 if names and names[0] == '${OFI_NCCL_NET}' else f'aws-ofi-nccl registers {names}, not ${OFI_NCCL_NET}')" \
     && python -m trainer --help > /dev/null \
-    && python -m trainer.launch --help > /dev/null \
-    && python -m trainer.data --help > /dev/null \
+    && python -m trainer.recovery.launch --help > /dev/null \
+    && python -m trainer.loop.data --help > /dev/null \
     && ft_launcher --help > /dev/null \
     && python -c "import importlib.metadata as m, sys; v = m.version('nvidia-resiliency-ext'); sys.exit(0 if v == '${NVRX_VERSION}' else 'nvidia-resiliency-ext ' + v + ' != ${NVRX_VERSION}')"
 

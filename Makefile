@@ -25,7 +25,7 @@ $(CDK):
 	npm install --prefix .cache/cdk --no-audit --no-fund --silent aws-cdk@$(CDK_VERSION)
 
 demo: $(VENV)/.installed
-	$(PY) -m trainer.demo
+	$(PY) -m devtools.demo
 
 # pytest exits 5 when it collects no tests: that is not a failure of the code under test.
 test: $(VENV)/.installed $(CDK)

@@ -114,7 +114,7 @@ def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
     """One run through the local runner; returns its results.json plus wall clock and exit code."""
     run_dir = ROOT / "runs" / "bench" / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "trainer.local", "--mode", mode, "--nproc_per_node", str(nproc),
+    cmd = [sys.executable, "-m", "devtools.local", "--mode", mode, "--nproc_per_node", str(nproc),
            "--run_dir", str(run_dir), *local, "--", *args]
     t0 = time.time()
     LOGS.mkdir(parents=True, exist_ok=True)

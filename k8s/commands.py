@@ -1,6 +1,6 @@
 """Container commands: the launcher line, the trainer flags and the data-prep line.
 
-The launcher (trainer.launch) picks torchrun or ft_launcher and the flag spelling of the
+The launcher (trainer.recovery.launch) picks torchrun or ft_launcher and the flag spelling of the
 installed NVRx version; the manifests only pass the contract's flags with values from the
 profile. `$(JOB_COMPLETION_INDEX)` is expanded by the kubelet, so no shell is needed.
 """
@@ -28,7 +28,7 @@ def restarts_for(dep: Deployment) -> int:
 def launcher_argv(dep: Deployment) -> list[str]:
     rec = dep.profile.recovery
     return [
-        "python", "-m", "trainer.launch",
+        "python", "-m", "trainer.recovery.launch",
         "--mode", dep.mode,
         "--nnodes", str(dep.profile.node_count),
         "--nproc_per_node", str(dep.instance.gpus),
@@ -86,7 +86,7 @@ def training_command(dep: Deployment) -> tuple[list[str], list[str]]:
 
 def data_prep_command(dep: Deployment) -> tuple[list[str], list[str]]:
     return (
-        ["python", "-m", "trainer.data"],
+        ["python", "-m", "trainer.loop.data"],
         [
             "prepare",
             "--source", "c4",

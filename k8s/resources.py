@@ -90,7 +90,7 @@ def checkpoint_buffers_gib(profile: Profile) -> float:
     the model's training state divided over all ranks.
     `tiers.memory_budget_gib` overrides the snapshot part (it is also what the trainer is given).
     """
-    from trainer.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters  # no torch
+    from trainer.loop.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters  # no torch
 
     tiers, model = profile.tiers, profile.trainer.model
     if model not in PRESETS:

@@ -2,7 +2,7 @@ import os
 import sys
 
 from trainer.cli import main
-from trainer.forkserver import forked_worker
+from trainer.recovery.forkserver import forked_worker
 
 # The guard matters for forked workers: they run this file by path, and a process they spawn
 # (the checkpoint writer) re-imports it as `__mp_main__`.

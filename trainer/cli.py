@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from trainer.config import ConfigError, FinalError, TrainConfig, parse_args
-from trainer.forkserver import forked_worker
-from trainer.launch import record_final_error
+from trainer.recovery.forkserver import forked_worker
+from trainer.recovery.launch import record_final_error
 
 
 def events_path(cfg: TrainConfig) -> Optional[Path]:
@@ -18,8 +18,8 @@ def events_path(cfg: TrainConfig) -> Optional[Path]:
 
 
 def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) -> dict:
-    from trainer.events import read_events
-    from trainer.goodput import summarize
+    from trainer.accounting.events import read_events
+    from trainer.accounting.goodput import summarize
     from trainer.atomic import write_json_atomic
 
     results = {"mode": cfg.mode}
@@ -44,10 +44,10 @@ def exit_now(hooks, rank: Optional[int] = None) -> None:
     copies that have landed are committed first, a checkpoint being written never becomes
     visible, and the background writer dies with its parent.
     """
-    from trainer.recovery import StateKeeper
+    from trainer.keeper import StateKeeper
 
     if rank is not None:
-        from trainer import failfast
+        from trainer.recovery import failfast
 
         failfast.announce(rank)
     StateKeeper.abandon(hooks.keep)
@@ -58,7 +58,7 @@ def exit_now(hooks, rank: Optional[int] = None) -> None:
 
 def _leave_with_failed_peers(hooks, rank: int, events) -> None:
     """Once training runs: a peer's announced failure ends this rank as its own would."""
-    from trainer import failfast
+    from trainer.recovery import failfast
 
     def leave(failed: int) -> None:
         if failed != rank:
@@ -70,7 +70,7 @@ def _leave_with_failed_peers(hooks, rank: int, events) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args(argv)
-    from trainer.events import EventLog
+    from trainer.accounting.events import EventLog
 
     events_file = events_path(cfg)
     # Stamped before torch is imported: a restart's breakdown shows the import time too.
@@ -80,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 forked=forked_worker())
     import torch.distributed as dist
 
-    from trainer.parallel import dist_env
+    from trainer.loop.parallel import dist_env
 
     try:
         env = dist_env(cfg.device)
@@ -88,19 +88,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"python -m trainer: error: {exc}", file=sys.stderr)
         return 2
     events.emit("imported")
-    from trainer.recovery import StateKeeper
-    from trainer.train import Hooks, run
+    from trainer.keeper import StateKeeper
+    from trainer.loop.train import Hooks, run
 
     hooks, failed = Hooks(), True
     try:
         if cfg.ft_launcher:
-            from trainer.heartbeat import attach_heartbeat
+            from trainer.recovery.heartbeat import attach_heartbeat
 
             attach_heartbeat(hooks, events)
         if not cfg.inprocess:  # the launcher restarts every worker: leave with a failed peer
             hooks.on_ready.append(lambda: _leave_with_failed_peers(hooks, env.rank, events))
         if cfg.inprocess:
-            from trainer.inprocess import run_inprocess
+            from trainer.recovery.inprocess import run_inprocess
 
             summary = run_inprocess(cfg, env, events, hooks)
         else:
@@ -136,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     finally:
         if cfg.ft_launcher:
-            from trainer.heartbeat import detach_heartbeat
+            from trainer.recovery.heartbeat import detach_heartbeat
 
             detach_heartbeat(hooks)
         StateKeeper.release(hooks.keep, failed)

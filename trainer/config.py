@@ -173,7 +173,7 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                    help="preset (tiny, llama-1b, llama3.1-8b), a local Hugging Face model "
                         "directory, or a hub id (the only case that uses the network)")
     g.add_argument("--data_path", default=d.data_path,
-                   help="directory made by `python -m trainer.data prepare`; default: the "
+                   help="directory made by `python -m trainer.loop.data prepare`; default: the "
                         "bundled local corpus, prepared on first use")
     g.add_argument("--max_steps", type=int, default=d.max_steps)
     g.add_argument("--seq_len", type=int, default=d.seq_len)
@@ -346,7 +346,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         v = getattr(cfg, name)
         need(math.isfinite(v), f"--{name} {v} must be a finite number")
     need(cfg.grad_clip >= 0, f"--grad_clip {cfg.grad_clip} must be 0 (off) or positive")
-    from trainer.model import PRESETS, is_model_reference  # light import: no torch
+    from trainer.loop.model import PRESETS, is_model_reference  # light import: no torch
 
     need(is_model_reference(cfg.model),
          f"--model {cfg.model!r} is neither a preset ({', '.join(PRESETS)}), "
@@ -365,10 +365,10 @@ def check_environment(cfg: TrainConfig) -> TrainConfig:
     if cfg.data_path is not None:
         data = Path(cfg.data_path)
         need(data.is_dir(), f"--data_path {cfg.data_path!r} is not a directory; build one with "
-                            "`python -m trainer.data prepare`")
+                            "`python -m trainer.loop.data prepare`")
         for name in ("meta.json", "tokens.bin"):
             need((data / name).is_file(), f"--data_path {cfg.data_path!r} has no {name}; build it "
-                                          "with `python -m trainer.data prepare`")
+                                          "with `python -m trainer.loop.data prepare`")
     if cfg.checkpoint_dir is not None:
         ckpt = Path(cfg.checkpoint_dir)
         existing = next((p for p in [ckpt, *ckpt.parents] if p.exists()), None)
@@ -376,7 +376,7 @@ def check_environment(cfg: TrainConfig) -> TrainConfig:
              f"--checkpoint_dir {cfg.checkpoint_dir!r}: {existing} is not a directory")
         need(existing is None or os.access(existing, os.W_OK | os.X_OK),
              f"--checkpoint_dir {cfg.checkpoint_dir!r}: {existing} is not writable")
-        from trainer.store import CheckpointStore
+        from trainer.durable.store import CheckpointStore
 
         latest = CheckpointStore(cfg.checkpoint_dir).latest_step()
         need(cfg.resume != "required" or latest is not None,

@@ -77,7 +77,7 @@ def test_dockerignore_allows_only_the_build_inputs() -> None:
 def test_build_smoke_test_commands_run_here() -> None:
     """The image's build-time smoke test calls these entry points; they must exist and parse."""
     modules = re.findall(r"python -m (\S+) --help", DOCKERFILE.read_text())
-    assert {"trainer", "trainer.launch", "trainer.data"} <= set(modules)
+    assert {"trainer", "trainer.recovery.launch", "trainer.loop.data"} <= set(modules)
     for module in modules:
         proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, f"python -m {module} --help: {proc.stderr[-500:]}"

@@ -22,7 +22,7 @@ def test_job_level_restart_policy(synthesis) -> None:
 
 def test_launcher_flags_per_mode(synthesis) -> None:
     rec = synthesis.dep.profile.recovery
-    assert synthesis.trainer["command"] == ["python", "-m", "trainer.launch"]
+    assert synthesis.trainer["command"] == ["python", "-m", "trainer.recovery.launch"]
     assert synthesis.args_value("--mode") == synthesis.dep.mode
     expected_restarts = 0 if synthesis.dep.mode == "baseline" else rec.max_restarts
     assert synthesis.args_value("--max_restarts") == str(expected_restarts)

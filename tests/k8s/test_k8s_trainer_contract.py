@@ -15,7 +15,7 @@ from k8s import commands, naming
 
 def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
     from trainer.config import parse_args
-    from trainer.launch import parse
+    from trainer.recovery.launch import parse
 
     dep = synthesis.dep
     last_rank = str(dep.profile.node_count - 1)
@@ -33,7 +33,7 @@ def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
 
 
 def test_data_prep_args_are_accepted(synth_for, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainer.data
+    import trainer.loop.data
 
     seen = {}
 
@@ -41,11 +41,11 @@ def test_data_prep_args_are_accepted(synth_for, monkeypatch: pytest.MonkeyPatch)
         seen.update(source=source, num_samples=num_samples, tokenizer=tokenizer, output=str(output))
         raise ValueError("stop before any download")
 
-    monkeypatch.setattr(trainer.data, "prepare", fake_prepare)
+    monkeypatch.setattr(trainer.loop.data, "prepare", fake_prepare)
     synthesis = synth_for("p5", "baseline")
     container = synthesis.one("Job", "data-prep")["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["python", "-m", "trainer.data"]
-    assert trainer.data.main(container["args"]) == 2  # the fake's error, after parsing succeeded
+    assert container["command"] == ["python", "-m", "trainer.loop.data"]
+    assert trainer.loop.data.main(container["args"]) == 2  # the fake's error, after parsing succeeded
     assert seen == {
         "source": "c4",
         "num_samples": synthesis.dep.profile.trainer.dataset_samples,

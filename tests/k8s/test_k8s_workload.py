@@ -58,8 +58,8 @@ def test_dockerfile_checks_the_plugin_name_the_manifests_use() -> None:
 
 
 def launch_command(synthesis, index: int) -> list[str]:
-    """What trainer.launch would exec on node `index`, from the synthesized container args."""
-    from trainer.launch import build_command, parse
+    """What trainer.recovery.launch would exec on node `index`, from the synthesized container args."""
+    from trainer.recovery.launch import build_command, parse
 
     args = [a.replace("$(JOB_COMPLETION_INDEX)", str(index)) for a in synthesis.trainer["args"]]
     spec, trainer_args = parse(args)

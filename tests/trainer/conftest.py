@@ -41,7 +41,7 @@ def env_for(cache: Path) -> dict:
 
 def local_cmd(mode: str, run_dir: Path, *trainer_args: str, nproc: int = 2,
               local_args: tuple[str, ...] = ()) -> list[str]:
-    return [sys.executable, "-m", "trainer.local", "--mode", mode, "--nproc_per_node", str(nproc),
+    return [sys.executable, "-m", "devtools.local", "--mode", mode, "--nproc_per_node", str(nproc),
             "--run_dir", str(run_dir), *local_args, "--", *TINY, *trainer_args]
 
 
@@ -142,7 +142,7 @@ def reference(cache_dir, tmp_path_factory) -> Callable[..., dict]:
 def faults(*kinds: str, steps: int = STEPS, after: int = 2, world: int = 2) -> list[str]:
     """Flags for a seeded schedule whose faults come in exactly this order of types, at least
     two steps apart (the published algorithm; the seed is searched, not the algorithm bent)."""
-    from trainer.faults import schedule
+    from trainer.faults.inject import schedule
 
     types = sorted(set(kinds))
     for seed in range(100_000):
@@ -178,7 +178,7 @@ def one_rank_group():
     import torch
     import torch.distributed as dist
 
-    from trainer.parallel import DistEnv
+    from trainer.loop.parallel import DistEnv
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -4,7 +4,7 @@ import pytest
 
 from tests.trainer.conftest import (INTERVAL, STEPS, events, faults, first, kill_group, ok,
                                     results, run_local, samples_by_step, start_local, wait_for)
-from trainer.store import MANIFEST, CheckpointStore, file_sha256, shard_name, step_dir_name
+from trainer.durable.store import MANIFEST, CheckpointStore, file_sha256, shard_name, step_dir_name
 
 
 def _committed(run_dir, step):

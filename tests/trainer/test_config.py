@@ -34,7 +34,7 @@ def test_bad_flag_is_one_line_and_exit_2(tmp_path, args, fragment):
 
 def test_local_runner_rejects_bad_trainer_flags_before_launching(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "trainer.local", "--run_dir", str(run_dir), "--",
+    proc = subprocess.run([sys.executable, "-m", "devtools.local", "--run_dir", str(run_dir), "--",
                            "--batch_size", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--batch_size 0 must be at least 1" in proc.stderr
@@ -42,12 +42,12 @@ def test_local_runner_rejects_bad_trainer_flags_before_launching(tmp_path):
 
 
 def test_launcher_command_per_mode():
-    from trainer.launch import LaunchSpec, build_command
+    from trainer.recovery.launch import LaunchSpec, build_command
 
     spec = LaunchSpec("ft_launcher+inprocess", 4, 8, 2, "job-0.svc", 29500, 7, 300, 1200, 5)
     cmd = build_command(spec, ["--max_steps", "10"])
     joined = " ".join(cmd)
-    assert cmd[1:3] == ["-m", "trainer.forkserver"]  # ft_launcher, workers forked
+    assert cmd[1:3] == ["-m", "trainer.recovery.forkserver"]  # ft_launcher, workers forked
     assert "--max-restarts=7" in cmd and "--ft-rank-heartbeat-timeout=300" in cmd
     assert "--ft-initial-rank-heartbeat-timeout=1200" in cmd
     assert "--rdzv-endpoint=job-0.svc:29500" in cmd and "--nnodes=4" in cmd

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import tracemalloc
 
-from trainer.data import (LEGACY_ORDER, FeistelPermutation, GlobalSampler, TokenDataset, main,
+from trainer.loop.data import (LEGACY_ORDER, FeistelPermutation, GlobalSampler, TokenDataset, main,
                           prepare)
 
 

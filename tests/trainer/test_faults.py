@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.events import EventLog
-from trainer.faults import Fault, FaultInjector, InjectedFault, schedule
+from trainer.accounting.events import EventLog
+from trainer.faults.inject import Fault, FaultInjector, InjectedFault, schedule
 
 
 def test_seed_42_schedule_matches_the_published_one():

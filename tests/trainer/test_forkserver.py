@@ -1,4 +1,4 @@
-"""Workers forked from a process that has imported the trainer (trainer.forkserver)."""
+"""Workers forked from a process that has imported the trainer (trainer.recovery.forkserver)."""
 
 import inspect
 import multiprocessing
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.trainer.conftest import ROOT
-from trainer.forkserver import PRELOAD
+from trainer.recovery.forkserver import PRELOAD
 
 
 def _report_group(queue) -> None:
@@ -20,7 +20,7 @@ def _report_group(queue) -> None:
 def test_a_forked_worker_leads_its_own_process_group_before_its_pid_is_known():
     """A launcher that signals its workers' groups must never hit its own (NVRx 0.7 does)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["trainer.worker_groups"])
+    ctx.set_forkserver_preload(["trainer.recovery.worker_groups"])
     queue = ctx.Queue()
     proc = ctx.Process(target=_report_group, args=(queue,))
     proc.start()
@@ -47,7 +47,7 @@ def test_a_helper_exits_once_its_worker_is_killed(tmp_path):
     """The checkpoint writer follows a worker that the launcher SIGKILLs alone."""
     ready = tmp_path / "helper.pid"
     helper = (f"import os, time, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from trainer.store import follow_worker\n"
+              "from trainer.durable.store import follow_worker\n"
               "follow_worker(os.getppid(), poll_s=0.05)\n"
               f"open({str(ready)!r}, 'w').write(str(os.getpid()))\n"
               "time.sleep(600)\n")
@@ -81,7 +81,7 @@ def test_a_helper_of_a_worker_already_gone_exits_at_once():
     proc = subprocess.run([sys.executable, "-c",
                            "import os, sys, time\n"
                            f"sys.path.insert(0, {str(ROOT)!r})\n"
-                           "from trainer.store import follow_worker\n"
+                           "from trainer.durable.store import follow_worker\n"
                            "follow_worker(os.getppid() + 1_000_000, poll_s=0.05)\n"
                            "time.sleep(60)\n"], timeout=120)
     assert proc.returncode == 1
@@ -94,7 +94,7 @@ def _group(code: str) -> subprocess.Popen:
 
 
 def test_stopping_worker_groups_terminates_kills_and_skips_empty_ones():
-    from trainer.nvrx_compat import stop_worker_groups
+    from trainer.recovery.nvrx_compat import stop_worker_groups
 
     polite = _group("import time; time.sleep(600)")
     stubborn = _group("import signal, time, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -110,7 +110,7 @@ def test_stopping_worker_groups_terminates_kills_and_skips_empty_ones():
 def test_a_group_left_with_zombies_is_empty():
     """A worker's child that exited under a parent that never reaps it is a zombie: it keeps the
     group signallable, but a stop that waited for it would always wait out its grace."""
-    from trainer.nvrx_compat import live_groups
+    from trainer.recovery.nvrx_compat import live_groups
 
     running = _group("import time; time.sleep(600)")
     zombie = _group("pass")  # never waited for until the end: it stays a zombie
@@ -131,7 +131,7 @@ def test_a_group_left_with_zombies_is_empty():
 def test_stopping_worker_groups_leaves_group_one_alone():
     """NVRx's own exception (its tests run rank monitors in group 1); signalling it here would
     reach every process of a container."""
-    from trainer.nvrx_compat import stop_worker_groups
+    from trainer.recovery.nvrx_compat import stop_worker_groups
 
     victim = _group("import time; time.sleep(600)")
     try:
@@ -147,7 +147,7 @@ def test_only_nvrx_07s_group_cleanup_is_replaced():
 
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
-    from trainer.nvrx_compat import stop_worker_groups, use_stop_worker_groups
+    from trainer.recovery.nvrx_compat import stop_worker_groups, use_stop_worker_groups
 
     installed = getattr(launcher, "terminate_mp_processes", None)
     use_stop_worker_groups(launcher)
@@ -162,7 +162,7 @@ def test_the_launchers_first_worker_failure_log_imports_nothing():
     """torch's log formatter imports torch._dynamo for a record with a traceback; in the launcher
     the first such record is the first worker failure, and the import delayed the restart."""
     code = ("import sys, torch.distributed.elastic.multiprocessing.api as api\n"
-            "from trainer.forkserver import plain_elastic_logs\n"
+            "from trainer.recovery.forkserver import plain_elastic_logs\n"
             "if sys.argv[1] == 'plain':\n"
             "    plain_elastic_logs()\n"
             "try:\n"
@@ -196,7 +196,7 @@ class _BarrierState:
 
 
 def test_a_launcher_joins_the_round_it_has_just_opened_without_sleeping():
-    from trainer.nvrx_compat import use_prompt_rendezvous
+    from trainer.recovery.nvrx_compat import use_prompt_rendezvous
 
     before = _BarrierState()
     before._wait_for_rendezvous_open("node")

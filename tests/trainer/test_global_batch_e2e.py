@@ -5,7 +5,7 @@ import math
 import shutil
 
 from tests.trainer.conftest import events, ok, results, run_local
-from trainer.store import step_dir_name
+from trainer.durable.store import step_dir_name
 
 STEPS, SAVE_AT = 6, 3
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer.goodput import summarize
+from trainer.accounting.goodput import summarize
 
 
 def _ev(t, event, rank=0, **kw):

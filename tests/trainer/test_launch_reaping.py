@@ -1,4 +1,4 @@
-"""The node's launcher process (`trainer.launch.supervise`, PID 1 in the pods) adopts and collects
+"""The node's launcher process (`trainer.recovery.launch.supervise`, PID 1 in the pods) adopts and collects
 the orphans of the processes under it, and still returns the launcher's own exit code."""
 
 import subprocess
@@ -34,7 +34,7 @@ sys.exit(3)
 
 def test_orphans_under_the_launcher_are_adopted_and_collected_and_its_exit_code_kept(tmp_path):
     out = tmp_path / "probe"
-    code = ("import os, sys; from trainer.launch import supervise; "
+    code = ("import os, sys; from trainer.recovery.launch import supervise; "
             "print('supervise', os.getpid(), flush=True); "
             f"sys.exit(supervise([sys.executable, '-c', {LAUNCHER!r}, {str(out)!r}], dict(os.environ)))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

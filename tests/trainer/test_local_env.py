@@ -1,8 +1,8 @@
 """The local runner's launcher environment matches the manifests' where recovery depends on it."""
 
 from config.contract import nccl_heartbeat_timeout_s
-from trainer.launch import LaunchSpec
-from trainer.local import _launcher_env
+from trainer.recovery.launch import LaunchSpec
+from devtools.local import _launcher_env
 
 
 def test_local_launchers_bound_the_nccl_watchdog_like_the_manifests(tmp_path, monkeypatch):

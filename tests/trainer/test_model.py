@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.model import PRESETS, llama_config, parameter_count, preset_parameters
-from trainer.parallel import DistEnv, build_sharded_model
+from trainer.loop.model import PRESETS, llama_config, parameter_count, preset_parameters
+from trainer.loop.parallel import DistEnv, build_sharded_model
 
 
 def test_preset_arithmetic_matches_transformers():
@@ -36,7 +36,7 @@ def test_weights_from_a_local_directory_are_loaded_exactly(tmp_path, one_rank_gr
 
 def _build_everything(rank: int, world: int, port: int, hf_dirs: dict, out: str) -> None:
     """One rank of a real gloo job: every way a model starts, as full tensors (rank 0 saves)."""
-    from trainer.parallel import FULL_INIT_MAX_BYTES, full_param_sha256
+    from trainer.loop.parallel import FULL_INIT_MAX_BYTES, full_param_sha256
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
@@ -123,8 +123,8 @@ class _DeviceReads(TorchDispatchMode):
 def test_a_training_step_reads_nothing_back_from_the_device(one_rank_group):
     """On a GPU any such read makes the host wait for all queued work, a running snapshot copy
     included. Adam's step counts live on the host by design and are the only reads allowed."""
-    from trainer.model import optimizer_groups
-    from trainer.train import train_step
+    from trainer.loop.model import optimizer_groups
+    from trainer.loop.train import train_step
 
     model = build_sharded_model("tiny", seed=0, env=one_rank_group, param_bytes=0)
     optimizer = torch.optim.AdamW(optimizer_groups(model, 0.1), lr=1e-3)
@@ -137,7 +137,7 @@ def test_a_training_step_reads_nothing_back_from_the_device(one_rank_group):
 
 
 def test_causal_attention_without_a_mask_computes_what_the_masked_one_does():
-    from trainer.model import build_model
+    from trainer.loop.model import build_model
 
     tokens = torch.randint(0, 264, (2, 48))
     ours = build_model("tiny", seed=3)

@@ -7,8 +7,8 @@ import pytest
 from tests.trainer.conftest import (FAST_RECOVERY, STEPS, events, faults, faults_fired, first, ok,
                                     results, run_local)
 
-from trainer.faults import POINT_FAULTS_ENV
-from trainer.phases import SLOW_PHASE_ENV
+from trainer.faults.inject import POINT_FAULTS_ENV
+from trainer.recovery.phases import SLOW_PHASE_ENV
 
 MODES = ("baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess")
 TIERS = ("--tiers", "memory,node", "--snapshot_interval", "1")
@@ -58,7 +58,7 @@ def test_same_error_before_any_progress_ends_the_job_with_its_cause(cache_dir, t
                      extra_env={POINT_FAULTS_ENV: "buffers:1:1,buffers:1:2,buffers:1:3,buffers:1:4"})
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("trainer.local: error: mode inprocess could not recover")
+    assert last.startswith("devtools.local: error: mode inprocess could not recover")
     assert "InjectedFault: injected exception at buffers" in last
     assert "failed again before training a step" in last
     # the second identical failure ends it: the third and fourth never fire

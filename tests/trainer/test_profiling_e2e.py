@@ -7,7 +7,7 @@ import pytest
 
 from tests.trainer.conftest import ok, results, run_local
 
-from trainer.profiling import category, host_wait
+from trainer.loop.profiling import category, host_wait
 
 
 @pytest.mark.parametrize("first,count", [(3, 2), (1, 1)], ids=["steady", "first-step"])

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from tests.trainer.conftest import ROOT
-from trainer.goodput import summarize
-from trainer.report import (ReportError, main, plot_timeline, render_markdown, render_text,
+from trainer.accounting.goodput import summarize
+from devtools.report import (ReportError, main, plot_timeline, render_markdown, render_text,
                             table_rows, timeline)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -50,7 +50,7 @@ def test_table_rows_come_from_results(tmp_path):
     assert row["ckpt_blocking_seconds"] == pytest.approx(0.5)
     assert row["wall_seconds"] == pytest.approx(18.0)
     for key in ("training_goodput_pct", "infra_goodput_pct", "training_efficiency_pct"):
-        assert row[key] == results[key]  # copied as trainer.goodput computed them
+        assert row[key] == results[key]  # copied as trainer.accounting.goodput computed them
     assert table_rows([results], ["async"])[0]["label"] == "async"
     with pytest.raises(ReportError, match="2 labels for 1"):
         table_rows([results], ["a", "b"])
@@ -109,7 +109,7 @@ def test_plot_timeline_needs_runs(tmp_path):
 
 
 def _report(*args):
-    return subprocess.run([sys.executable, "-m", "trainer.report", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "devtools.report", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -137,15 +137,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, fragment):
     proc = _report(str(path), *extra)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("python -m trainer.report: error: ")
+    assert len(lines) == 1 and lines[0].startswith("python -m devtools.report: error: ")
     assert fragment in lines[0]
     assert not (tmp_path / "out").exists()
 
 
 def test_demo_help_and_bad_steps():
-    proc = subprocess.run([sys.executable, "-m", "trainer.demo", "--help"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "devtools.demo", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--steps" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "trainer.demo", "--steps", "10"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "devtools.demo", "--steps", "10"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--steps 10 must be at least 40" in proc.stderr

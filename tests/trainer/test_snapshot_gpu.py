@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.events import EventLog
-from trainer.snapshot import Snapshotter
-from trainer.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
+from trainer.accounting.events import EventLog
+from trainer.snapshots.slots import Snapshotter
+from trainer.durable.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

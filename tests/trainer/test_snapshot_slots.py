@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from trainer.config import ConfigError
-from trainer.events import EventLog
+from trainer.accounting.events import EventLog
 from config.contract import own_slots, snapshot_bytes
-from trainer.snapshot import Snapshotter, warm_slots
-from trainer.staging import HostBuffer, Layout
+from trainer.snapshots.slots import Snapshotter, warm_slots
+from trainer.durable.staging import HostBuffer, Layout
 
 
 def _snapshotter(tmp_path, durable: bool) -> Snapshotter:

@@ -6,9 +6,9 @@ import json
 
 import torch
 
-from trainer.checkpoint import CheckpointManager, staging_path, warm_staging
-from trainer.events import EventLog
-from trainer.staging import HostBuffer, Layout
+from trainer.durable.manager import CheckpointManager, staging_path, warm_staging
+from trainer.accounting.events import EventLog
+from trainer.durable.staging import HostBuffer, Layout
 
 
 def _manager(tmp_path) -> CheckpointManager:

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from trainer.staging import HostBuffer, Layout
-from trainer.store import (MANIFEST, CheckpointError, CheckpointStore, ShardWrite, marker_name,
+from trainer.durable.staging import HostBuffer, Layout
+from trainer.durable.store import (MANIFEST, CheckpointError, CheckpointStore, ShardWrite, marker_name,
                            shard_name, step_dir_name, write_shard)
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from tests.trainer.conftest import ROOT
 from trainer.config import ConfigError, TrainConfig, accumulation_steps, validate
-from trainer.model import PRESETS, flops_per_token, llama_config, preset_parameters
+from trainer.loop.model import PRESETS, flops_per_token, llama_config, preset_parameters
 
 
 def test_global_batch_flags(monkeypatch):
@@ -41,7 +41,7 @@ def test_bad_speed_flags_are_one_line_and_exit_2(args, fragment):
 
 
 def test_flops_per_token_and_mfu_of_the_reference_run():
-    from trainer.metrics import Throughput
+    from trainer.loop.metrics import Throughput
 
     for name in PRESETS:
         c = PRESETS[name]
@@ -56,7 +56,7 @@ def test_flops_per_token_and_mfu_of_the_reference_run():
 
 
 def _grads(env, **options):
-    from trainer.parallel import build_sharded_model
+    from trainer.loop.parallel import build_sharded_model
 
     model = build_sharded_model("tiny", 5, env, param_bytes=1, **options)
     tokens = torch.randint(0, 258, (2, 33), generator=torch.Generator().manual_seed(0))
@@ -67,8 +67,8 @@ def _grads(env, **options):
 
 
 def test_weight_decay_skips_one_dimensional_parameters(one_rank_group):
-    from trainer.model import optimizer_groups
-    from trainer.parallel import build_sharded_model
+    from trainer.loop.model import optimizer_groups
+    from trainer.loop.parallel import build_sharded_model
 
     model = build_sharded_model("tiny", 5, one_rank_group, param_bytes=1)
     decay, keep = optimizer_groups(model, 0.1)
@@ -93,7 +93,7 @@ def test_activation_checkpointing_and_compile_keep_gradients_and_names(one_rank_
 
 
 def test_step_figures_and_the_log_line_on_cpu():
-    from trainer.metrics import StepReadback, Throughput, Window
+    from trainer.loop.metrics import StepReadback, Throughput, Window
 
     waited = []
     readback = StepReadback(torch.device("cpu"), lambda device, event: waited.append(event))

@@ -7,7 +7,7 @@ consumed by all ranks together), which is saved in every checkpoint: after a res
 world size, training continues with exactly the next unseen samples. The permutation is
 computed index by index (a Feistel bijection), so nothing of dataset size is ever built.
 
-Command: `python -m trainer.data prepare --source local|c4|FILE --num_samples N
+Command: `python -m trainer.loop.data prepare --source local|c4|FILE --num_samples N
 --tokenizer byte|MODEL_DIR|HUB_ID --output DIR`.
 """
 
@@ -108,7 +108,7 @@ def _file_documents(path: Path, limit: int) -> Iterator[str]:
 
 def documents(source: str, limit: int) -> Iterator[str]:
     if source == "local":
-        from trainer.corpus import documents as local_docs
+        from trainer.loop.corpus import documents as local_docs
 
         return iter(local_docs(limit))
     if source == "c4":
@@ -176,7 +176,7 @@ class TokenDataset:
         if not (self.path / "meta.json").is_file():
             raise FileNotFoundError(
                 f"--data_path {str(path)!r} has no meta.json; build it with "
-                "`python -m trainer.data prepare`")
+                "`python -m trainer.loop.data prepare`")
         self.meta = DataMeta.read(self.path)
         self.seq_len = seq_len
         self.tokens = np.memmap(self.path / "tokens.bin", dtype=self.meta.dtype, mode="r",
@@ -299,7 +299,7 @@ class GlobalSampler:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.data")
+    p = argparse.ArgumentParser(prog="python -m trainer.loop.data")
     sub = p.add_subparsers(dest="cmd", required=True)
     prep = sub.add_parser("prepare", help="tokenize a text dataset into a token file")
     prep.add_argument("--source", default="local", help="local, c4, or a .txt/.jsonl file")

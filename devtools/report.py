@@ -1,6 +1,6 @@
-"""`python -m trainer.report`: compare runs the way the published post does, and draw them.
+"""`python -m devtools.report`: compare runs the way the published post does, and draw them.
 
-    python -m trainer.report runs/a/results.json runs/b/results.json [--out DIR] [--labels a,b]
+    python -m devtools.report runs/a/results.json runs/b/results.json [--out DIR] [--labels a,b]
 
 Prints one row per results.json: the post's columns (mode, training and infra goodput, seconds
 per fault) and the ones that explain them (faults, steps lost, checkpoint blocking, training
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
-PROG = "python -m trainer.report"
+PROG = "python -m devtools.report"
 REQUIRED = ("mode", "steps_completed", "wall_seconds")  # what every results.json has
 
 # (row key, header, number format). A None value prints as "-".
@@ -121,7 +121,7 @@ def render_markdown(rows: Sequence[dict]) -> str:
 
 def events_beside(results_path: str | Path) -> list[dict]:
     """The run's event log: events.jsonl in the results file's directory (trainer.cli.events_path)."""
-    from trainer.events import read_events
+    from trainer.accounting.events import read_events
 
     path = Path(results_path).resolve().parent / "events.jsonl"
     events = read_events(path)
@@ -141,7 +141,7 @@ class Timeline:
 
 def timeline(events: Sequence[dict]) -> Timeline:
     """Steps per attempt (a new line at each rank-0 train_start, so a rollback shows as a drop),
-    faults, and recoveries timed as in trainer.goodput: fault -> first step after the restart."""
+    faults, and recoveries timed as in trainer.accounting.goodput: fault -> first step after the restart."""
     if not events:
         raise ReportError("no events to draw")
     events = sorted(events, key=lambda e: e["t"])

@@ -8,7 +8,7 @@ the process group is rebuilt. Two details make it work for real:
   checks; and the loop waits for the GPU without holding the GIL (train.wait_for_device);
 - the world may only shrink down to --min_world_size (default: not at all), so a lost process
   ends the job with a clear error instead of training on with a different batch;
-- set-up and tear-down run as phases (trainer.phases), outside the progress timeouts;
+- set-up and tear-down run as phases (trainer.recovery.phases), outside the progress timeouts;
 - an error that no restart can fix ends the job at once (`Attempts`).
 """
 
@@ -23,12 +23,12 @@ from typing import Optional
 import torch
 
 from trainer.config import ConfigError, FinalError, TrainConfig
-from trainer.events import EventLog
-from trainer.launch import INPROCESS_PORT_ENV
-from trainer.nvrx_compat import restart_health_check
-from trainer.parallel import DistEnv, dist_env
-from trainer.phases import PhaseTimeout
-from trainer.train import Hooks, run
+from trainer.accounting.events import EventLog
+from trainer.recovery.launch import INPROCESS_PORT_ENV
+from trainer.recovery.nvrx_compat import restart_health_check
+from trainer.loop.parallel import DistEnv, dist_env
+from trainer.recovery.phases import PhaseTimeout
+from trainer.loop.train import Hooks, run
 
 
 def _record_abort(events: EventLog):

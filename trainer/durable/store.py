@@ -173,7 +173,7 @@ _PARENT_WATCHED = False
 def follow_worker(worker_pid: int, poll_s: float = 0.5) -> None:
     """From the writer's start: exit once the worker that started it is gone.
 
-    torchelastic stops a forked worker (`trainer.forkserver`) by signalling its pid alone, not
+    torchelastic stops a forked worker (`trainer.recovery.forkserver`) by signalling its pid alone, not
     its process group, and a worker may die before its first write sets `_die_with_parent`.
     That one cannot be set here: PR_SET_PDEATHSIG fires when the *thread* that started the
     writer ends, and the starting thread (the start-up phase) is still running now."""
@@ -228,7 +228,7 @@ def _os_error(exc: BaseException) -> Optional[OSError]:
 def _write_shard(req: ShardWrite) -> dict:
     import torch
 
-    from trainer.staging import Layout, map_file
+    from trainer.durable.staging import Layout, map_file
 
     t0 = time.time()
     out = Path(req.out_dir)
@@ -417,7 +417,7 @@ class CheckpointStore:
             obj = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # a corrupt zip raises many different types
             raise CheckpointError(f"{f}: cannot be loaded ({type(exc).__name__}: {exc})") from None
-        from trainer.staging import Layout
+        from trainer.durable.staging import Layout
 
         tensors = Layout.from_json(obj["layout"]).views(obj["flat"])
         return LoadedShard(tensors, obj["meta"], obj["layout"], entry["bytes"])

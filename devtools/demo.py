@@ -1,4 +1,4 @@
-"""`python -m trainer.demo` (what `make demo` runs): the post's two claims, on a laptop.
+"""`python -m devtools.demo` (what `make demo` runs): the post's two claims, on a laptop.
 
 Part 1, checkpoint cost: the tiny model trained twice with a checkpoint every 10 steps, once
 with blocking (sync) and once with async checkpoints; prints both training efficiencies.
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from trainer import report
+from devtools import report
 from trainer.config import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def run_job(name: str, mode: str, run_dir: Path, local_args: Sequence[str],
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would be resumed from
     run_dir.mkdir(parents=True)
     log_path = run_dir / "output.log"
-    cmd = [sys.executable, "-m", "trainer.local", "--mode", mode, "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "devtools.local", "--mode", mode, "--nproc_per_node", "2",
            "--run_dir", str(run_dir), "--timeout", str(timeout_s), *local_args, "--",
            *MODEL, *trainer_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -113,7 +113,7 @@ def recovery(out: Path, steps: int) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/demo", help="directory for the six jobs and the report")
     p.add_argument("--steps", type=int, default=100, help="training steps per job (at least 40)")
     args = p.parse_args(argv)
@@ -125,7 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         checkpoint_cost(out, args.steps)
         rc = recovery(out, args.steps)
     except DemoError as exc:
-        print(f"python -m trainer.demo: error: {exc}", file=sys.stderr)
+        print(f"python -m devtools.demo: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

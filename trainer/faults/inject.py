@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from trainer.events import EventLog
+from trainer.accounting.events import EventLog
 
 
 class InjectedFault(RuntimeError):

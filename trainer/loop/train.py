@@ -21,17 +21,17 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from trainer.config import FinalError, TrainConfig, accumulation_steps
-from trainer.data import GlobalSampler, TokenDataset, ensure_local_data
-from trainer.determinism import make_deterministic
-from trainer.events import EventLog
-from trainer.faults import FaultInjector, at_point, schedule
-from trainer.metrics import StepReadback, StepRecord, Throughput, Window
-from trainer.parallel import (DistEnv, build_sharded_model, device_name, full_param_sha256,
+from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
+from trainer.loop.determinism import make_deterministic
+from trainer.accounting.events import EventLog
+from trainer.faults.inject import FaultInjector, at_point, schedule
+from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window
+from trainer.loop.parallel import (DistEnv, build_sharded_model, device_name, full_param_sha256,
                               init_process_group, initialize_weights, peak_flops)
-from trainer.phases import run_here, run_phase, settle as settle_phases
-from trainer.profiling import StepProfiler, profile_line
-from trainer.recovery import StateKeeper
-from trainer.state import ensure_optimizer_state
+from trainer.recovery.phases import run_here, run_phase, settle as settle_phases
+from trainer.loop.profiling import StepProfiler, profile_line
+from trainer.keeper import StateKeeper
+from trainer.durable.state import ensure_optimizer_state
 
 
 KEEPALIVE_S = 0.25
@@ -181,7 +181,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     events.emit("pg_ready", iteration=hooks.iteration)
     t0 = time.perf_counter()
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)
-    from trainer.model import llama_config, optimizer_groups, parameter_count
+    from trainer.loop.model import llama_config, optimizer_groups, parameter_count
 
     if cfg.global_batch_size:  # an explicit global batch that this world cannot keep: say so now
         accumulation_steps(cfg.global_batch_size, cfg.batch_size, env.world_size)
@@ -226,7 +226,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     settle_phases(cfg.startup_timeout, hooks.alive)
     data, model_config, model, optimizer, keeper, meta = hooks.phase(
         "startup", lambda: _build(cfg, env, events, hooks, log), cfg.startup_timeout, env.device)
-    from trainer.model import flops_per_token
+    from trainer.loop.model import flops_per_token
 
     sampler = GlobalSampler(len(data), cfg.seed)
     step, last_loss = 0, 0.0

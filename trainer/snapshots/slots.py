@@ -39,8 +39,8 @@ from config.contract import PEER_SLOTS, own_slots
 from config.contract import snapshot_bytes
 from trainer.atomic import read_json, write_json_atomic
 from trainer.config import ConfigError
-from trainer.events import EventLog
-from trainer.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
+from trainer.accounting.events import EventLog
+from trainer.durable.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
 
 _CHUNK = 256 << 20  # peer transfers go in pieces: bounded gloo messages, steady progress
 COMMIT_POLL_S = 0.001  # how often the committer looks at a running copy
@@ -512,7 +512,7 @@ class Snapshotter:
         return flat, meta, tier
 
     def _map(self, entry: dict) -> torch.Tensor:
-        from trainer.staging import map_file
+        from trainer.durable.staging import map_file
 
         return map_file(Path(entry["path"]), entry["layout"]["total_bytes"], writable=False)
 

@@ -1,4 +1,4 @@
-"""Imported by the fork server alone (the first of `trainer.forkserver.PRELOAD`): every worker it
+"""Imported by the fork server alone (the first of `trainer.recovery.forkserver.PRELOAD`): every worker it
 forks leads a process group of its own.
 
 A launcher cleans up after its workers by signalling their process groups (NVRx 0.7 sends

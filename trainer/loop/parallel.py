@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from trainer.state import row_range
+from trainer.durable.state import row_range
 
 FULL_INIT_MAX_BYTES = 4 << 30  # above this, presets are initialized shard by shard on the device
 
@@ -159,7 +159,7 @@ def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
     restores them (a restart must not pay for a random init that the restore overwrites) or
     calls `initialize_weights` once it knows nothing is to be restored.
     """
-    from trainer.model import build_model
+    from trainer.loop.model import build_model
 
     model = build_model(ref, seed, "meta")
     layers = list(model.model.layers)
@@ -195,7 +195,7 @@ def initialize_weights(model: torch.nn.Module, ref: str, seed: int, param_bytes:
     safetensors files. No rank ever holds a large model whole, and the result is the same at
     every world size.
     """
-    from trainer.model import PRESETS, SafetensorsRows, build_model, weights_dir
+    from trainer.loop.model import PRESETS, SafetensorsRows, build_model, weights_dir
 
     full, source = None, None
     if ref in PRESETS and param_bytes <= full_init_max_bytes:

@@ -6,9 +6,9 @@ its workers as functions (`--run-path`) through multiprocessing's fork server: o
 node imports `PRELOAD` once, and each worker of each restart is forked from it with those modules
 in place. The fork server never initializes CUDA (a forked CUDA context is unusable), and none of
 these modules does on import; every worker sets up its own device. Each worker leads its own
-process group, as a command-line worker does (`trainer.worker_groups`).
+process group, as a command-line worker does (`trainer.recovery.worker_groups`).
 
-    python -m trainer.forkserver <ft_launcher flags> --run-path --start-method=forkserver \\
+    python -m trainer.recovery.forkserver <ft_launcher flags> --run-path --start-method=forkserver \\
         <trainer/__main__.py> <trainer flags>
 """
 
@@ -22,15 +22,15 @@ from pathlib import Path
 
 # What a worker imports before its first step; a module missing here is imported by each worker.
 PRELOAD = (
-    "trainer.worker_groups",  # first: the server's forks get process groups of their own
-    "trainer.cli", "trainer.train", "trainer.recovery", "trainer.checkpoint", "trainer.snapshot",
-    "trainer.staging", "trainer.heartbeat", "trainer.failfast", "trainer.faults", "trainer.inprocess",
-    "trainer.model", "trainer.parallel", "trainer.data", "trainer.goodput",
+    "trainer.recovery.worker_groups",  # first: the server's forks get process groups of their own
+    "trainer.cli", "trainer.loop.train", "trainer.keeper", "trainer.durable.manager", "trainer.snapshots.slots",
+    "trainer.durable.staging", "trainer.recovery.heartbeat", "trainer.recovery.failfast", "trainer.faults.inject", "trainer.recovery.inprocess",
+    "trainer.loop.model", "trainer.loop.parallel", "trainer.loop.data", "trainer.accounting.goodput",
     "transformers.models.llama.modeling_llama",
     "nvidia_resiliency_ext.fault_tolerance.launcher",  # the worker function's own module
     "torch.distributed.checkpoint",
 )
-WORKER_SCRIPT = Path(__file__).with_name("__main__.py")
+WORKER_SCRIPT = Path(__file__).parents[1] / "__main__.py"  # the rank's entry point
 
 
 def launcher_args() -> list[str]:
@@ -61,7 +61,7 @@ def main() -> None:
     os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
     plain_elastic_logs()
     multiprocessing.set_forkserver_preload(list(PRELOAD))
-    from trainer.nvrx_compat import ft_launcher_main
+    from trainer.recovery.nvrx_compat import ft_launcher_main
 
     sys.exit(ft_launcher_main())
 

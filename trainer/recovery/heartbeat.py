@@ -1,6 +1,6 @@
 """ft_launcher's rank monitor: a heartbeat per step, so a dead or silent rank is restarted.
 
-The launcher's heartbeat timeouts are always set explicitly by `trainer.launch` (NVRx 0.6+ has
+The launcher's heartbeat timeouts are always set explicitly by `trainer.recovery.launch` (NVRx 0.6+ has
 no defaults); the initial one allows for model building and checkpoint loading. The client's
 state (timeouts it may have calculated) travels with every checkpoint.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
-from trainer.events import EventLog
-from trainer.train import Hooks
+from trainer.accounting.events import EventLog
+from trainer.loop.train import Hooks
 
 
 def attach_heartbeat(hooks: Hooks, events: EventLog) -> None:

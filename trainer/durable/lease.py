@@ -5,7 +5,7 @@
   else on a node are keyed by it, so a deleted or different directory never picks up another
   run's state, even at the same path.
 - `LEASE.json` names the run that trains into the directory now: its launch id (NVRX_RUN_ID:
-  the Kubernetes run id, or one per `trainer.local` invocation), host and pids, renewed while it
+  the Kubernetes run id, or one per `devtools.local` invocation), host and pids, renewed while it
   trains. Restarts of the same run take it over silently; a second run is refused while the
   holder lives; the lease of a dead run is taken over with a warning.
 """

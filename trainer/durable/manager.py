@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from trainer.atomic import read_json, write_json_atomic
-from trainer.events import EventLog
-from trainer.phases import injected_delay
-from trainer.staging import HostBuffer, Layout, host_copy_stream
-from trainer.state import local_tensors, restore, shard_layout
-from trainer.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
+from trainer.accounting.events import EventLog
+from trainer.recovery.phases import injected_delay
+from trainer.durable.staging import HostBuffer, Layout, host_copy_stream
+from trainer.durable.state import local_tensors, restore, shard_layout
+from trainer.durable.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
                            MANIFEST, StorageError, error_file, follow_worker, step_dir_name,
                            write_shard)
 
@@ -45,7 +45,7 @@ def default_node_dir() -> Path:
 
 def node_root(node_dir: Optional[str], checkpoint_dir: str, lineage: str) -> Path:
     """This run's node-local directory: named after the checkpoint directory and the identity
-    stored in it (trainer.lease), so two runs on one node never share buffers, and a new
+    stored in it (trainer.durable.lease), so two runs on one node never share buffers, and a new
     directory at an old path never finds the old one's snapshots."""
     key = hashlib.sha1(f"{os.path.abspath(checkpoint_dir)}:{lineage}".encode()).hexdigest()[:12]
     return Path(node_dir or default_node_dir()) / key
@@ -118,7 +118,7 @@ class CheckpointManager:
     def start_writer(self) -> None:
         """Start NVRx's persistent writer now, so the first save pays no process start."""
         if self.use_async and self._writer is None:
-            from trainer.nvrx_compat import AsyncWriter
+            from trainer.recovery.nvrx_compat import AsyncWriter
 
             self._writer = AsyncWriter()
             self._writer.submit(_warm_up, os.getpid())  # finalized along with the first real write

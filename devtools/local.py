@@ -1,10 +1,10 @@
-"""`python -m trainer.local`: a multi-rank job on this machine, in any recovery mode.
+"""`python -m devtools.local`: a multi-rank job on this machine, in any recovery mode.
 
 Starts one launcher per (simulated) node exactly as the training pods do, and plays the
 Kubernetes Job where the mode relies on it: when a launcher fails, every launcher is stopped and
 the whole job restarts after a backoff, up to --job_restarts times (the Job's backoffLimit).
 
-    python -m trainer.local --mode inprocess --nproc_per_node 2 -- --max_steps 200 ...
+    python -m devtools.local --mode inprocess --nproc_per_node 2 -- --max_steps 200 ...
     (trainer flags may also follow without the `--`)
 """
 
@@ -24,9 +24,9 @@ from typing import Optional, Sequence
 
 from config.contract import nccl_heartbeat_timeout_s
 from trainer.config import MODES
-from trainer.events import EventLog
-from trainer.lease import RUN_ID_ENV
-from trainer.launch import (FINAL_ERROR_ENV, LaunchSpec, build_command, check,
+from trainer.accounting.events import EventLog
+from trainer.durable.lease import RUN_ID_ENV
+from trainer.recovery.launch import (FINAL_ERROR_ENV, LaunchSpec, build_command, check,
                             default_heartbeat_timeout, launch_env)
 
 
@@ -61,7 +61,7 @@ def _flag(args: Sequence[str], name: str) -> Optional[str]:
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m trainer.local", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m devtools.local", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=MODES, default="baseline")
     p.add_argument("--nproc_per_node", type=int, default=2)
     p.add_argument("--nnodes", type=int, default=1, help="simulated nodes, each its own launcher")
@@ -158,17 +158,17 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
                     break
                 if args.timeout and time.time() - started > args.timeout:
                     _stop(procs)
-                    print(f"trainer.local: error: job did not finish within {args.timeout:g} s",
+                    print(f"devtools.local: error: job did not finish within {args.timeout:g} s",
                           file=sys.stderr)
                     return 1
                 time.sleep(0.1)
         except KeyboardInterrupt:
             _stop(procs)
-            print("trainer.local: interrupted; the launchers were stopped", file=sys.stderr)
+            print("devtools.local: interrupted; the launchers were stopped", file=sys.stderr)
             return 130
-        if final.exists():  # a rank met an error no restart can fix (trainer.launch)
+        if final.exists():  # a rank met an error no restart can fix (trainer.recovery.launch)
             _stop(procs)
-            print(f"trainer.local: error: mode {args.mode} stopped: {final.read_text().strip()}",
+            print(f"devtools.local: error: mode {args.mode} stopped: {final.read_text().strip()}",
                   file=sys.stderr)
             return 2
         if failed is None:
@@ -176,16 +176,16 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
         events.emit("worker_failed", attempt=attempt, exit_code=failed.returncode)
         _stop(procs)
         if failed.returncode == 2:  # a setting no restart can fix
-            print(f"trainer.local: error: mode {args.mode} stopped: {_cause(events.path)}",
+            print(f"devtools.local: error: mode {args.mode} stopped: {_cause(events.path)}",
                   file=sys.stderr)
             return 2
         if attempt == args.job_restarts:
             break
-        print(f"trainer.local: a launcher exited with {failed.returncode}; restarting the whole "
+        print(f"devtools.local: a launcher exited with {failed.returncode}; restarting the whole "
               f"job in {backoff:g} s (restart {attempt + 1} of {args.job_restarts})", flush=True)
         time.sleep(backoff)
         backoff = min(30.0, backoff * 2)
-    print(f"trainer.local: error: mode {args.mode} could not recover (a launcher exited with "
+    print(f"devtools.local: error: mode {args.mode} could not recover (a launcher exited with "
           f"{failed.returncode}; {args.job_restarts} whole-job restarts allowed): "
           f"{_cause(events.path)}", file=sys.stderr)
     return 1
@@ -193,7 +193,7 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
 
 def _cause(events_file: Optional[Path]) -> str:
     """The error that ended the job, from the event log: the fatal ones first, else the last."""
-    from trainer.events import read_events
+    from trainer.accounting.events import read_events
 
     errors = [e for e in read_events(events_file) if e["event"] == "error"] \
         if events_file is not None and events_file.exists() else []
@@ -224,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     run_dir = Path(args.run_dir or f"runs/{args.mode.replace('+', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     trainer_args = _trainer_args(args, rest, run_dir)
-    cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m trainer.local")
+    cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m devtools.local")
     if args.heartbeat_timeout is None:
         args.heartbeat_timeout = default_heartbeat_timeout(args.mode, cfg.hard_timeout)
     args.nccl_heartbeat_s = nccl_heartbeat_timeout_s(cfg.collective_timeout("cuda"),

@@ -1,6 +1,6 @@
 """The command each node runs: torchrun or ft_launcher, spelled for the installed NVRx.
 
-Used inside the training pods (`python -m trainer.launch ... -- <trainer flags>`) and by the
+Used inside the training pods (`python -m trainer.recovery.launch ... -- <trainer flags>`) and by the
 local runner, so the cluster and a laptop start workers the same way.
 
 Ports from --master_port P: P the launcher's rendezvous store, P+1 the in-process wrapper's
@@ -62,11 +62,11 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     """argv for this node's launcher; the trainer gets `--mode` from the spec."""
     py = sys.executable
     if RecoveryMode(spec.mode).uses_ft_launcher:
-        from trainer.forkserver import launcher_args
-        from trainer.nvrx_compat import ft_launcher_flags
+        from trainer.recovery.forkserver import launcher_args
+        from trainer.recovery.nvrx_compat import ft_launcher_flags
 
         # ft_launcher, with workers forked from a process that has imported the trainer
-        launcher = [py, "-m", "trainer.forkserver",
+        launcher = [py, "-m", "trainer.recovery.forkserver",
                     f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.nproc_per_node}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.master_addr}:{spec.master_port}",
                     f"--rdzv-id={spec.rdzv_id}", f"--rdzv-conf={rdzv_conf(spec)}",
@@ -106,7 +106,7 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     if "--" in argv:
         i = argv.index("--")
         argv, trainer_args = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(prog="python -m trainer.launch",
+    p = argparse.ArgumentParser(prog="python -m trainer.recovery.launch",
                                 description="Start this node's workers under the chosen recovery mode.")
     p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--nnodes", type=int, required=True)
@@ -149,7 +149,7 @@ def check(spec: LaunchSpec, cfg) -> None:
     mode = RecoveryMode(spec.mode)
     if mode.heartbeats and mode.in_process and spec.heartbeat_timeout <= cfg.hard_timeout:
         sys.stderr.write(
-            f"python -m trainer.launch: error: --heartbeat_timeout {spec.heartbeat_timeout:g} must "
+            f"python -m trainer.recovery.launch: error: --heartbeat_timeout {spec.heartbeat_timeout:g} must "
             f"exceed the trainer's --hard_timeout {cfg.hard_timeout:g}: ft_launcher would kill "
             "ranks that the in-process restart is still recovering\n")
         sys.exit(2)
@@ -183,7 +183,7 @@ def supervise(cmd: list[str], env: dict) -> int:
             except subprocess.TimeoutExpired:
                 forward(signal.SIGKILL, None)
                 proc.wait()
-        print(f"python -m trainer.launch: error: {final.read_text().strip()}", file=sys.stderr,
+        print(f"python -m trainer.recovery.launch: error: {final.read_text().strip()}", file=sys.stderr,
               flush=True)
         return 2
     return proc.returncode

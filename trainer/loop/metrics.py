@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from trainer.staging import host_copy_stream
+from trainer.durable.staging import host_copy_stream
 
 
 @dataclass

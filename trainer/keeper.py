@@ -15,16 +15,16 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint import CheckpointManager, node_root, warm_staging
+from trainer.durable.manager import CheckpointManager, node_root, warm_staging
 from trainer.config import STAGED_SHARE, ConfigError, TrainConfig
-from trainer.events import EventLog
-from trainer.faults import at_point
-from trainer.lease import Lease, existing_lineage, lineage_id
-from trainer.parallel import DistEnv
-from trainer.phases import run_phase
-from trainer.snapshot import Snapshotter, warm_slots
-from trainer.staging import Layout
-from trainer.state import local_tensors, restore, shard_layout
+from trainer.accounting.events import EventLog
+from trainer.faults.inject import at_point
+from trainer.durable.lease import Lease, existing_lineage, lineage_id
+from trainer.loop.parallel import DistEnv
+from trainer.recovery.phases import run_phase
+from trainer.snapshots.slots import Snapshotter, warm_slots
+from trainer.durable.staging import Layout
+from trainer.durable.state import local_tensors, restore, shard_layout
 
 MetaFn = Callable[[int], dict]
 

@@ -1,0 +1,1 @@
+"""Deterministic fault injection: the published schedule and the real faults it fires."""
