@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from config.contract import RecoveryMode
+from devtools.local import mode_flags
 from trainer.config import ACTIVATION_CHECKPOINTING, SNAPSHOT_STAGING
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,28 +321,40 @@ def _loop_mfu(run: dict) -> dict:
 # The post's schedule shape: 5 faults, exception/hang 0.6/0.4, seed 42, checkpoint every quarter.
 FAULTS = ["--fault_count", "5", "--fault_seed", "42", "--fault_types", "exception,hang",
           "--fault_type_weights", "0.6,0.4", "--fault_after_step", "10"]
-RECOVERY_TIMEOUTS = ["--soft_timeout", "5", "--hard_timeout", "30", "--barrier_timeout", "120",
-                     "--completion_timeout", "120", "--nccl_timeout", "20"]
+HARD_TIMEOUT_S = 30
+RECOVERY_TIMEOUTS = ["--soft_timeout", "5", "--hard_timeout", str(HARD_TIMEOUT_S),
+                     "--barrier_timeout", "120", "--completion_timeout", "120",
+                     "--nccl_timeout", "20"]
 
 
 # Per-run limits for llama-1b on 2x H200, sized from the measured runs (BENCHMARKS.md section
 # 3) with margin: fault-free about 100-165 s in every mode; under the 5 faults inprocess 196 s,
-# ft_launcher+inprocess 150 s, ft_launcher about 280 s, and the baseline over 400 s.
-RUN_LIMITS = {"faultfree": {"baseline": 200, "inprocess": 220, "ft_launcher": 240,
-                            "ft_launcher+inprocess": 240},
-              "recovery": {"baseline": 540, "inprocess": 300, "ft_launcher": 380,
-                           "ft_launcher+inprocess": 260}}
+# ft_launcher+inprocess 150 s, ft_launcher about 280 s, and the baseline over 400 s. A mode not
+# measured yet gets the largest limit of its kind.
+RUN_LIMITS = {"faultfree": {RecoveryMode.BASELINE: 200, RecoveryMode.INPROCESS: 220,
+                            RecoveryMode.FT_LAUNCHER: 240, RecoveryMode.FT_LAUNCHER_INPROCESS: 240},
+              "recovery": {RecoveryMode.BASELINE: 540, RecoveryMode.INPROCESS: 300,
+                           RecoveryMode.FT_LAUNCHER: 380, RecoveryMode.FT_LAUNCHER_INPROCESS: 260}}
 
-RECOVERY_LOCAL = {"baseline": ("--backoff_seconds", "1"),
-                  "ft_launcher": ("--heartbeat_timeout", "10"),
-                  "inprocess": (),
-                  "ft_launcher+inprocess": ("--heartbeat_timeout", "60")}
+
+def run_limit(kind: str, mode: str) -> float:
+    limits = RUN_LIMITS[kind]
+    return limits.get(RecoveryMode(mode), max(limits.values()))
+
+
+def recovery_local(mode: str) -> tuple[str, ...]:
+    """The local runner's flags: the Job's restart backoff 1 s where the Job restarts on every
+    fault; ft_launcher's heartbeat timeout 10 s, or with in-process restart 30 s beyond the
+    trainer's hard timeout."""
+    return tuple(mode_flags(mode, HARD_TIMEOUT_S, backoff_seconds=1.0, heartbeat_floor=10.0,
+                            heartbeat_margin=30.0))
 
 
 def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[str],
                    deterministic: bool, mode: str, staging: str = "host") -> list[str]:
-    # the baseline is the published one: no tiers
-    extra = [] if mode == "baseline" else [*TIERS, "--snapshot_staging", staging]
+    # a mode that only the Job recovers is the published baseline: no tiers
+    extra = [*TIERS, "--snapshot_staging", staging] if RecoveryMode(mode).recovers_within_job \
+        else []
     return [*_model_args(model, batch, seq, data), "--max_steps", str(steps),
             "--checkpoint_interval", str(steps // 4), *RECOVERY_TIMEOUTS, *extra,
             "--deterministic", "true" if deterministic else "false"]
@@ -356,14 +370,14 @@ def faultfree(out: Path, model: str, nproc: int, batch: int, seq: int, steps: in
     cost side by side."""
     res = {}
     runs = [(mode, deterministic) for mode in modes]
-    if "baseline" in modes and determinism_cost:
-        runs.append(("baseline", not deterministic))
+    if RecoveryMode.BASELINE in modes and determinism_cost:
+        runs.append((RecoveryMode.BASELINE.value, not deterministic))
     for mode, det in runs:
         name = f"faultfree-{mode.replace('+', '-')}" + ("-det" if det else "")
         res[name] = _train(name, out, mode, nproc,
                            _recovery_args(model, batch, seq, steps, data, det, mode, staging),
-                           RECOVERY_LOCAL[mode],
-                           timeout=timeout or RUN_LIMITS["faultfree"][mode])
+                           recovery_local(mode),
+                           timeout=timeout or run_limit("faultfree", mode))
         _save(out, f"faultfree-{'-'.join(m.replace('+', '-') for m in modes)}", res)
     return res
 
@@ -378,8 +392,8 @@ def recovery(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int
         name = f"recovery-{mode.replace('+', '-')}" + ("" if staging == "host" else f"-{staging}")
         res[name] = _train(name, out, mode, nproc,
                            [*_recovery_args(model, batch, seq, steps, data, deterministic, mode,
-                                            staging), *FAULTS], RECOVERY_LOCAL[mode],
-                           timeout=timeout or RUN_LIMITS["recovery"][mode])
+                                            staging), *FAULTS], recovery_local(mode),
+                           timeout=timeout or run_limit("recovery", mode))
         _save(out, f"recovery-{'-'.join(m.replace('+', '-') for m in modes)}", res)
     return res
 
@@ -461,7 +475,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="profile: which windows to record")
     p.add_argument("--compile", action="store_true",
                    help="profile: the trainer's --compile true in every window")
-    p.add_argument("--modes", default="baseline,ft_launcher,inprocess,ft_launcher+inprocess")
+    p.add_argument("--modes", default=",".join(RecoveryMode))
     p.add_argument("--data_path")
     p.add_argument("--node_dir", help="every run's --node_dir (default: the trainer's, /dev/shm)")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the harness itself")

@@ -3,7 +3,10 @@
 - Kubernetes conventions of the GPU node group: its label, its taint, the huge pages it
   pre-allocates, the FSx claim and the stack output keys the manifests read.
 - The recovery modes: one enum, and for each mode the launcher it runs and the recovery layers
-  it uses. Code asks a mode what it does; it never tests its name for substrings.
+  it uses. Code asks a mode what it does; it never tests its name.
+- The environment of the training processes per mode (`process_env`): the pods set it in their
+  manifest, the launcher (in the pods and locally) fills in what a pod left unset.
+- The launcher's ports and the variables through which it talks to its ranks.
 - The host-memory rule of the snapshot tiers (how many shard-sized slots one rank keeps).
 
 Only the standard library is imported here: the CDK app, `python -m k8s` and the trainer all
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # --- GPU node group ---------------------------------------------------------------------------
@@ -51,6 +55,12 @@ OUTPUT_NODE_LOCAL_DIR = "NodeLocalDir"
 class Launcher(enum.StrEnum):
     TORCHRUN = "torchrun"
     FT_LAUNCHER = "ft_launcher"
+
+    @property
+    def restarts_workers(self) -> bool:
+        """ft_launcher restarts a failed worker group within the pod; torchrun runs with
+        `--max-restarts 0`: a process death ends its pod."""
+        return self is Launcher.FT_LAUNCHER
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,25 @@ class RecoveryMode(enum.StrEnum):
         return self.traits.heartbeats
 
     @property
+    def launcher_restarts_workers(self) -> bool:
+        return self.traits.launcher.restarts_workers
+
+    @property
+    def recovers_within_job(self) -> bool:
+        """Some layer inside the Job recovers from a fault: the Wrapper re-enters the training
+        function, or the launcher restarts the workers. Without one (baseline), every fault ends
+        the pods and the Job (locally, `devtools.local`) restarts all of them; such a mode is the
+        published baseline and keeps durable checkpoints only."""
+        return self.in_process or self.launcher_restarts_workers
+
+    @property
+    def heartbeat_outlasts_hard_timeout(self) -> bool:
+        """ft_launcher's rank heartbeat timeout must exceed the Wrapper's hard timeout: with
+        in-process restart below the launcher, a rank the Wrapper is still recovering sends no
+        heartbeats, and the launcher must not kill it for that."""
+        return self.heartbeats and self.in_process
+
+    @property
     def job_restart(self) -> bool:
         """The job-level restart is the outermost layer of every mode."""
         return True
@@ -123,6 +152,32 @@ _TRAITS: dict[RecoveryMode, ModeTraits] = {
 MODE_NAMES: tuple[str, ...] = tuple(m.value for m in RecoveryMode)
 
 
+# --- Launcher ports and the launcher's variables -------------------------------------------------
+# From the launcher's --master_port P: P the launcher's rendezvous store (torchrun's and
+# ft_launcher's TCPStore), P+1 the in-process Wrapper's store, P+2 the in-process application
+# store (one store; each attempt uses its own prefix in it).
+DEFAULT_MASTER_PORT = 29500
+PORTS_PER_JOB = 3
+INPROCESS_PORT_ENV = "NVRX_EKS_INPROCESS_PORT"  # the Wrapper's store port, set by the launcher
+FINAL_ERROR_ENV = "NVRX_EKS_FINAL_ERROR_FILE"  # where a rank records an error no restart fixes
+
+
+def wrapper_store_port(master_port: int) -> int:
+    return master_port + 1
+
+
+def app_store_port(master_port: int) -> int:
+    return master_port + 2
+
+
+def inprocess_port(environ: Mapping[str, str]) -> int:
+    """A rank's Wrapper store port: the launcher's INPROCESS_PORT_ENV, else the one that follows
+    MASTER_PORT (a rank started by torchrun directly)."""
+    if INPROCESS_PORT_ENV in environ:
+        return int(environ[INPROCESS_PORT_ENV])
+    return wrapper_store_port(int(environ.get("MASTER_PORT", DEFAULT_MASTER_PORT)))
+
+
 # --- Snapshot tiers: host memory ----------------------------------------------------------------
 SNAPSHOT_SLOTS = 2  # own snapshot slots: double buffering
 PEER_SLOTS = 2  # replica slots: the previous replica stays valid while the next arrives
@@ -133,6 +188,33 @@ def nccl_heartbeat_timeout_s(nccl_timeout_s: float, hard_timeout_s: float) -> in
     before a collective timeout or the Wrapper's hard timeout has had its chance, and it bounds
     a watchdog stuck after a timeout (in its debug dump, say), which by default may take 480 s."""
     return math.ceil(2 * max(nccl_timeout_s, hard_timeout_s))
+
+
+def process_env(mode: RecoveryMode | str, nccl_timeout_s: float,
+                hard_timeout_s: float) -> dict[str, str]:
+    """The environment of every training process in this mode: PyTorch's reaction to a NCCL
+    error and its watchdog's bound. The pods set it in their manifest; the launcher sets what a
+    pod left unset (`trainer.recovery.launch.launch_env`), so local runs get the same."""
+    mode = RecoveryMode(mode)
+    env = {
+        # 3: tear the process down on a NCCL error or timeout (the Job or the launcher restarts
+        # it); 2: only abort the communicator, so the error surfaces as an exception that the
+        # in-process Wrapper catches and restarts from (NVRx's "the watchdog must not kill the
+        # process before hard_timeout" then holds even though nccl_timeout < hard_timeout).
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2" if mode.in_process else "3",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(nccl_heartbeat_timeout_s(nccl_timeout_s,
+                                                                         hard_timeout_s)),
+        # Stores are polled with timeouts (the fail-fast watcher, the Wrapper); each timeout
+        # would log a warning and drown the log.
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+    }
+    if mode.in_process:
+        # NVRx known issues: NVLink SHARP buffers are not released by a communicator abort, and
+        # a CUDA error rethrown in the watchdog kills the process the Wrapper would restart.
+        env["NCCL_NVLS_ENABLE"] = "0"
+        env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] = "0"
+    return env
 
 
 def own_slots(peer: bool, durable: bool) -> int:

@@ -25,26 +25,38 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from config.contract import RecoveryMode
 from devtools import report
+from devtools.local import mode_flags
 from trainer.config import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["--model", "tiny", "--log_interval", "20"]
 # Recovery timeouts sized for CPU ranks (the tests use the same): a hang is noticed by the
 # in-process watchdog after 6 s and its rank killed after 14 s; a gloo collective gives up after 4 s.
-FAST_RECOVERY = ["--soft_timeout", "6", "--hard_timeout", "14", "--barrier_timeout", "60",
-                 "--completion_timeout", "60", "--nccl_timeout", "4"]
+HARD_TIMEOUT_S = 14
+FAST_RECOVERY = ["--soft_timeout", "6", "--hard_timeout", str(HARD_TIMEOUT_S), "--barrier_timeout",
+                 "60", "--completion_timeout", "60", "--nccl_timeout", "4"]
 FAULTS = ["--fault_count", "3", "--fault_seed", "42", "--fault_after_step", "10",
           "--fault_types", "exception,hang", "--fault_type_weights", "0.6,0.4"]
-# Local-runner flags per mode: the Job's restart backoff kept short for baseline; ft_launcher's
-# heartbeat timeout short, but above the trainer's hard timeout when in-process restart is on.
-LOCAL = {"baseline": ["--backoff_seconds", "0.5"],
-         "ft_launcher": ["--heartbeat_timeout", "8"],
-         "inprocess": [],
-         "ft_launcher+inprocess": ["--heartbeat_timeout", "20"]}
+TIERS = ["--tiers", "memory,node", "--snapshot_interval", "1"]
 # Trainer and runner lines worth showing live; launcher chatter and tracebacks stay in the log.
 SHOW = re.compile(r"^(step |resumed |no checkpoint |done: |trainer\.local|rank[ =]\d)"
                   r"|: error: |training goodput|will restart worker group")
+
+
+def runner_flags(mode: str) -> list[str]:
+    """Local-runner flags: the Job's restart backoff kept short where the Job restarts on every
+    fault; ft_launcher's heartbeat timeout short (8 s), but 6 s above the trainer's hard timeout
+    when in-process restart is on."""
+    return mode_flags(mode, HARD_TIMEOUT_S, backoff_seconds=0.5, heartbeat_floor=8.0,
+                      heartbeat_margin=6.0)
+
+
+def with_tiers(mode: str, flags: Sequence[str]) -> list[str]:
+    """The NVRx modes also keep snapshots in host memory and on the node; a mode that only the Job
+    recovers is the published baseline, with durable checkpoints alone."""
+    return [*flags, *(TIERS if RecoveryMode(mode).recovers_within_job else [])]
 
 
 class DemoError(RuntimeError):
@@ -102,11 +114,9 @@ def recovery(out: Path, steps: int) -> int:
     flags = ["--max_steps", str(steps), "--checkpoint_interval", str(steps // 4),
              *FAULTS, *FAST_RECOVERY]
     paths = []
-    tiers = ["--tiers", "memory,node", "--snapshot_interval", "1"]
     for mode in MODES:
         run_dir = out / mode.replace("+", "-")
-        run_job(mode, mode, run_dir, LOCAL[mode], flags + ([] if mode == "baseline" else tiers),
-                _timeout(steps))
+        run_job(mode, mode, run_dir, runner_flags(mode), with_tiers(mode, flags), _timeout(steps))
         paths.append(str(run_dir / "results.json"))
     print(f"\nrecovery: {steps} steps, checkpoint every {steps // 4}, the same 3 seeded faults")
     return report.main([*paths, "--out", str(out / "report")])

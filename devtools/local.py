@@ -22,16 +22,19 @@ import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
-from config.contract import nccl_heartbeat_timeout_s
-from trainer.config import MODES
+from config.contract import FINAL_ERROR_ENV, PORTS_PER_JOB, RecoveryMode
 from trainer.accounting.events import EventLog
+from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
-from trainer.recovery.launch import (FINAL_ERROR_ENV, LaunchSpec, build_command, check,
-                            default_heartbeat_timeout, launch_env)
+from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
+                                     launch_env)
+
+# Whole-job restarts by default where the Job is the only layer that recovers (baseline).
+JOB_RESTARTS = 10
 
 
-def free_port_block(count: int = 4) -> int:
-    """A port P with P..P+count-1 free (rendezvous, wrapper store, per-attempt stores)."""
+def free_port_block(count: int = PORTS_PER_JOB) -> int:
+    """A port P with P..P+count-1 free (the launcher's ports, `config.contract`)."""
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -62,18 +65,19 @@ def _flag(args: Sequence[str], name: str) -> Optional[str]:
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="python -m devtools.local", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=MODES, default="baseline")
+    p.add_argument("--mode", choices=MODES, default=RecoveryMode.BASELINE.value)
     p.add_argument("--nproc_per_node", type=int, default=2)
     p.add_argument("--nnodes", type=int, default=1, help="simulated nodes, each its own launcher")
     p.add_argument("--run_dir", help="default: runs/<mode>-<time>")
     p.add_argument("--job_restarts", type=int, default=None,
-                   help="whole-job restarts after a failure (default 10 for baseline, else 0)")
+                   help=f"whole-job restarts after a failure (default {JOB_RESTARTS} where "
+                        "nothing inside the job recovers, as in baseline; else 0)")
     p.add_argument("--backoff_seconds", type=float, default=1.0,
                    help="first restart delay; doubles each time like a Job's, capped at 30 s")
     p.add_argument("--max_restarts", type=int, default=10, help="ft_launcher worker restarts")
     p.add_argument("--heartbeat_timeout", type=float, default=None,
-                   help="ft_launcher rank heartbeat timeout (default: 30 s, and in "
-                        "ft_launcher+inprocess 30 s beyond the trainer's --hard_timeout)")
+                   help="ft_launcher rank heartbeat timeout (default: 30 s, and with "
+                        "in-process restart 30 s beyond the trainer's --hard_timeout)")
     p.add_argument("--initial_heartbeat_timeout", type=float, default=120.0)
     p.add_argument("--monitor_interval", type=float, default=LaunchSpec.monitor_interval)
     p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0: never)")
@@ -84,8 +88,22 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         if getattr(args, name) < 1:
             p.error(f"--{name} {getattr(args, name)} must be at least 1")
     if args.job_restarts is None:
-        args.job_restarts = 10 if args.mode == "baseline" else 0
+        args.job_restarts = 0 if RecoveryMode(args.mode).recovers_within_job else JOB_RESTARTS
     return args, rest
+
+
+def mode_flags(mode: str, hard_timeout: float, *, backoff_seconds: float, heartbeat_floor: float,
+               heartbeat_margin: float) -> list[str]:
+    """This runner's flags for a scripted run in `mode` (the demo, the benchmarks): the whole-job
+    restart backoff where the Job restarts on every fault, and ft_launcher's heartbeat timeout
+    where ranks heartbeat (`default_heartbeat_timeout`: the floor, or with in-process restart the
+    margin beyond the trainer's `hard_timeout`)."""
+    m = RecoveryMode(mode)
+    out = [] if m.recovers_within_job else ["--backoff_seconds", f"{backoff_seconds:g}"]
+    if m.heartbeats:
+        timeout = default_heartbeat_timeout(m, hard_timeout, heartbeat_floor, heartbeat_margin)
+        out += ["--heartbeat_timeout", f"{timeout:g}"]
+    return out
 
 
 def _trainer_args(args: argparse.Namespace, rest: list[str], run_dir: Path) -> list[str]:
@@ -97,15 +115,12 @@ def _trainer_args(args: argparse.Namespace, rest: list[str], run_dir: Path) -> l
     return out
 
 
-def _launcher_env(spec: LaunchSpec, final: Path, nccl_heartbeat_s: int) -> dict:
-    """The launcher's environment; PyTorch's NCCL watchdog is bounded as in the manifests."""
-    env = {**launch_env(spec), FINAL_ERROR_ENV: str(final)}
-    env.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
-    env.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(nccl_heartbeat_s))
-    return env
+def _launcher_env(spec: LaunchSpec, final: Path, cfg) -> dict:
+    """The launcher's environment: the pods' (`launch_env`), and where to record a final error."""
+    return {**launch_env(spec, cfg), FINAL_ERROR_ENV: str(final)}
 
 
-def _start(args, trainer_args: list[str], run_dir: Path, port: int, attempt: int,
+def _start(args, cfg, trainer_args: list[str], run_dir: Path, port: int, attempt: int,
            final: Path) -> list[subprocess.Popen]:
     procs = []
     for node in range(args.nnodes):
@@ -116,7 +131,7 @@ def _start(args, trainer_args: list[str], run_dir: Path, port: int, attempt: int
                           args.max_restarts, args.heartbeat_timeout, args.initial_heartbeat_timeout,
                           args.monitor_interval, rdzv_id=f"local-{port}-{attempt}")
         log = open(run_dir / f"node{node}.log", "ab")
-        env = _launcher_env(spec, final, args.nccl_heartbeat_s)
+        env = _launcher_env(spec, final, cfg)
         procs.append(subprocess.Popen(build_command(spec, node_args), env=env,
                                       stdout=None if node == 0 else log, stderr=subprocess.STDOUT
                                       if node else None, start_new_session=True))
@@ -136,7 +151,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
+def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
     """Run the job; restart all of it after a failure, as a Kubernetes Job would."""
     events = EventLog(Path(_flag(trainer_args, "--results_path")).parent / "events.jsonl", rank=-1)
     os.environ.setdefault(RUN_ID_ENV, f"local-{uuid.uuid4().hex[:12]}")  # one run, all restarts
@@ -146,7 +161,7 @@ def supervise(args, trainer_args: list[str], run_dir: Path) -> int:
         port = free_port_block()
         final = run_dir / f".final-error.{attempt}"
         final.unlink(missing_ok=True)
-        procs = _start(args, trainer_args, run_dir, port, attempt, final)
+        procs = _start(args, cfg, trainer_args, run_dir, port, attempt, final)
         failed = None
         try:
             while True:
@@ -227,12 +242,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m devtools.local")
     if args.heartbeat_timeout is None:
         args.heartbeat_timeout = default_heartbeat_timeout(args.mode, cfg.hard_timeout)
-    args.nccl_heartbeat_s = nccl_heartbeat_timeout_s(cfg.collective_timeout("cuda"),
-                                                     cfg.hard_timeout)
     check(LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, 0, "127.0.0.1", 0,
                      heartbeat_timeout=args.heartbeat_timeout), cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    rc = supervise(args, trainer_args, run_dir)
+    rc = supervise(args, cfg, trainer_args, run_dir)
     results = Path(_flag(trainer_args, "--results_path"))
     if rc == 0 and results.is_file():
         r = json.loads(results.read_text())

@@ -21,8 +21,9 @@ def fmt(value: float | int | bool) -> str:
 
 
 def restarts_for(dep: Deployment) -> int:
-    """Baseline has no launcher-level restarts: a failed worker fails the pod and the Job restarts it."""
-    return 0 if dep.mode == "baseline" else dep.profile.recovery.max_restarts
+    """The profile's budget where the launcher restarts workers (ft_launcher); elsewhere a failed
+    worker fails the pod and the Job restarts it (torchrun runs with `--max-restarts 0`)."""
+    return dep.profile.recovery.max_restarts if dep.recovery_mode.launcher_restarts_workers else 0
 
 
 def launcher_argv(dep: Deployment) -> list[str]:

@@ -1,9 +1,8 @@
 """Container environment: rank identity, the HF token reference, NCCL/EFA and PyTorch NCCL knobs.
 
 Network settings follow the instance table (EFA count, GPUDirect RDMA); the PyTorch watchdog
-settings follow the recovery mode, because each mode wants a different reaction to a NCCL
-error: baseline and ft_launcher want the process to die (the Job or the launcher restarts it),
-in-process restart wants it to live so the NVRx Wrapper can abort and re-enter.
+settings follow the recovery mode and the profile's timeouts, by the contract's one rule
+(`config.contract.process_env`), which the launcher applies to local runs as well.
 """
 
 from __future__ import annotations
@@ -54,28 +53,7 @@ def network_env(spec: InstanceSpec) -> dict[str, str]:
 def recovery_env(dep: Deployment) -> dict[str, str]:
     """PyTorch NCCL watchdog behaviour matching the recovery mode and the profile's timeouts."""
     rec = dep.profile.recovery
-    heartbeat = contract.nccl_heartbeat_timeout_s(rec.nccl_timeout_s, rec.hard_timeout_s)
-    env = {
-        # 3: tear the process down on a NCCL error/timeout (Job or launcher restarts it);
-        # 2: only abort the communicator, so the error surfaces as an exception that the
-        #    in-process Wrapper catches and restarts from (NVRx's "watchdog must not kill the
-        #    process before hard_timeout" holds even though nccl_timeout < hard_timeout).
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2" if dep.uses_in_process else "3",
-        "TORCH_NCCL_ENABLE_MONITORING": "1",
-        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(heartbeat),
-    }
-    if dep.uses_in_process:
-        env.update(
-            {
-                # NVRx known issues: NVLink SHARP buffers are not released by a communicator
-                # abort, and a rethrown CUDA error in the watchdog kills the process.
-                "NCCL_NVLS_ENABLE": "0",
-                "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",
-                # The Wrapper polls the store with timeouts; each would log a warning.
-                "TORCH_CPP_LOG_LEVEL": "ERROR",
-            }
-        )
-    return env
+    return contract.process_env(dep.recovery_mode, rec.nccl_timeout_s, rec.hard_timeout_s)
 
 
 def run_env(dep: Deployment) -> dict[str, str]:

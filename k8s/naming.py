@@ -54,9 +54,9 @@ HF_TOKEN_KEY = "token"
 TRAINER_CONTAINER = "trainer"
 
 # Ports between training pods (contract with the trainer's launcher).
-RENDEZVOUS_PORT = 29500  # torchrun / ft_launcher rendezvous and TCPStore
-INPROCESS_WRAPPER_PORT = 29501  # in-process restart: the NVRx Wrapper's store (MASTER_PORT + 1)
-INPROCESS_APP_PORT = 29502  # in-process restart: the per-attempt application store (MASTER_PORT + 2)
+RENDEZVOUS_PORT = contract.DEFAULT_MASTER_PORT  # torchrun / ft_launcher rendezvous and TCPStore
+INPROCESS_WRAPPER_PORT = contract.wrapper_store_port(RENDEZVOUS_PORT)  # the NVRx Wrapper's store
+INPROCESS_APP_PORT = contract.app_store_port(RENDEZVOUS_PORT)  # the in-process application store
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_LABEL_MAX = 63

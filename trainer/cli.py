@@ -50,7 +50,7 @@ def exit_now(hooks, rank: Optional[int] = None) -> None:
         from trainer.recovery import failfast
 
         failfast.announce(rank)
-    StateKeeper.abandon(hooks.keep)
+    StateKeeper.abandon(hooks.kept)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
@@ -80,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 forked=forked_worker())
     import torch.distributed as dist
 
-    from trainer.loop.parallel import dist_env
+    from trainer.loop.distributed import dist_env
 
     try:
         env = dist_env(cfg.device)
@@ -89,7 +89,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     events.emit("imported")
     from trainer.keeper import StateKeeper
-    from trainer.loop.train import Hooks, run
+    from trainer.loop.hooks import Hooks
+    from trainer.loop.train import run
 
     hooks, failed = Hooks(), True
     try:
@@ -139,7 +140,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from trainer.recovery.heartbeat import detach_heartbeat
 
             detach_heartbeat(hooks)
-        StateKeeper.release(hooks.keep, failed)
+        StateKeeper.release(hooks.kept, failed)
         if dist.is_initialized():
             dist.destroy_process_group()
     if env.rank == 0:

@@ -2,73 +2,64 @@
 and on a peer, and durable checkpoints; and the choice of where to resume from.
 
 The loop sees one object: it calls `after_step` every step, `fence` before the optimizer step,
-and `restore` once per attempt. Both keepers outlive an in-process restart (hooks.keep).
+and `restore` once per attempt. Both tiers outlive an in-process restart (`Kept`).
 """
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from trainer.durable.manager import CheckpointManager, node_root, warm_staging
-from trainer.config import STAGED_SHARE, ConfigError, TrainConfig
 from trainer.accounting.events import EventLog
-from trainer.faults.inject import at_point
+from trainer.config import STAGED_SHARE, ConfigError, TrainConfig
 from trainer.durable.lease import Lease, existing_lineage, lineage_id
-from trainer.loop.parallel import DistEnv
-from trainer.recovery.phases import run_phase
-from trainer.snapshots.slots import Snapshotter, warm_slots
+from trainer.durable.manager import CheckpointManager, warm_staging
 from trainer.durable.staging import Layout
 from trainer.durable.state import local_tensors, restore, shard_layout
+from trainer.faults.inject import at_point
+from trainer.loop.distributed import DistEnv
+from trainer.loop.hooks import Kept
+from trainer.node_dir import node_root, snapshots_dir
+from trainer.recovery.phases import run_phase
+from trainer.snapshots import Snapshotter, warm_slots
 
 MetaFn = Callable[[int], dict]
 
 
 class StateKeeper:
-    def __init__(self, cfg: TrainConfig, env: DistEnv, events: EventLog, keep: dict,
+    def __init__(self, cfg: TrainConfig, env: DistEnv, events: EventLog, kept: Kept,
                  keepalive: Callable[[], None], log: Callable[[str], None]):
         self.cfg, self.env, self.events, self.log = cfg, env, events, log
         self.keepalive = keepalive
-        self.ckpt: Optional[CheckpointManager] = keep.get("ckpt")
-        self.snap: Optional[Snapshotter] = keep.get("snap")
-        self.fresh = self.snap is None  # no snapshotter survived: this is a new process
-        if cfg.checkpoint_dir and not keep.get("leased"):  # before any rank touches the node
+        self.fresh = kept.snapshots is None  # no snapshotter survived: this is a new process
+        if cfg.checkpoint_dir and not kept.leased:  # before any rank touches the node
             if env.rank == 0:
-                keep["lease"] = Lease(cfg.checkpoint_dir, warn=log)
-                keep["lease"].acquire()
+                kept.lease = Lease(cfg.checkpoint_dir, warn=log)
+                kept.lease.acquire()
             dist.barrier()
-            keep["leased"] = True
-        self.lease: Optional[Lease] = keep.get("lease")
+            kept.leased = True
+        self.lease: Optional[Lease] = kept.lease
         self.node_root = node_root(cfg.node_dir, cfg.checkpoint_dir, lineage_id(cfg.checkpoint_dir)) \
             if cfg.checkpoint_dir else None
-        if self.ckpt is not None:
-            self.ckpt.settle()  # an earlier attempt's write goes on; a dead writer is dropped
-            self.ckpt.rank, self.ckpt.world_size = env.rank, env.world_size
+        if kept.checkpoints is not None:
+            kept.checkpoints.rejoin(env.rank, env.world_size, keepalive)
         elif cfg.checkpoint_dir:
-            self.ckpt = CheckpointManager(
+            kept.checkpoints = CheckpointManager(
                 cfg.checkpoint_dir, rank=env.rank, world_size=env.world_size, device=env.device,
                 use_async=cfg.use_async_checkpoint, keep=cfg.keep_checkpoints,
-                timeout_s=cfg.checkpoint_timeout, events=events, node_root=self.node_root, log=print)
-        if self.ckpt is not None:
-            self.ckpt.keepalive = keepalive  # bounded waits keep heartbeats going
-            keep["ckpt"] = self.ckpt
-        if self.node_root is not None:
-            pids = self.node_root / "pids"
-            pids.mkdir(parents=True, exist_ok=True)
-            keep["pid_file"] = pids / f"rank{env.rank:05d}"
-            keep["pid_file"].write_text(str(os.getpid()))
-        if cfg.tiers and self.snap is None:
-            self.snap = Snapshotter(self.node_root / "snapshots", rank=env.rank, world_size=env.world_size,
-                                    local_world_size=env.local_world_size, device=env.device,
-                                    tiers=cfg.tiers, budget_gib=cfg.memory_budget_gib,
-                                    durable=cfg.checkpoint_interval > 0, events=events, log=log,
-                                    device_share=STAGED_SHARE[cfg.snapshot_staging])
-            keep["snap"] = self.snap
+                timeout_s=cfg.checkpoint_timeout, events=events, node_root=self.node_root,
+                keepalive=keepalive, log=print)
+        self.ckpt: Optional[CheckpointManager] = kept.checkpoints
+        if cfg.tiers and kept.snapshots is None:
+            kept.snapshots = Snapshotter(
+                snapshots_dir(self.node_root), rank=env.rank, world_size=env.world_size,
+                local_world_size=env.local_world_size, device=env.device, tiers=cfg.tiers,
+                budget_gib=cfg.memory_budget_gib, durable=cfg.checkpoint_interval > 0,
+                events=events, log=log, device_share=STAGED_SHARE[cfg.snapshot_staging])
+        self.snap: Optional[Snapshotter] = kept.snapshots
         if self.snap is not None:
             self.snap.settle()  # a replication of the failed attempt ends (or is abandoned)
             self.snap.recover_pending()
@@ -85,7 +76,7 @@ class StateKeeper:
             return
         root, pin = node_root(cfg.node_dir, cfg.checkpoint_dir, lineage), env.device.type == "cuda"
         if cfg.tiers:
-            warm_slots(root / "snapshots", env.rank, pin)
+            warm_slots(snapshots_dir(root), env.rank, pin)
         elif cfg.checkpoint_interval:
             warm_staging(root, env.rank, pin)
 
@@ -116,7 +107,7 @@ class StateKeeper:
         if meta is None:
             meta = self.ckpt.restore(model, optimizer, required=self.cfg.resume == "required")
         if meta is not None:
-            self.ckpt.last_saved_step = int(meta["step"])  # never rewrite the resume point
+            self.ckpt.resumed_at(int(meta["step"]))
         return meta
 
     def _restore_snapshot(self, model, optimizer) -> Optional[dict]:
@@ -200,28 +191,26 @@ class StateKeeper:
             self.ckpt.finish()
 
     @staticmethod
-    def release(keep: dict, failed: bool) -> None:
+    def release(kept: Kept, failed: bool) -> None:
         """At process exit: stop the writer (at once after a failure) and unmap the buffers;
         after a complete run, free the node's memory too. A writer left running would hold
         the interpreter's exit forever."""
-        if keep.get("ckpt") is not None:
-            keep["ckpt"].close(abort=failed)
-        if keep.get("snap") is not None:
-            keep["snap"].close(remove=not failed)
-        if keep.get("pid_file") is not None and not failed:
-            keep["pid_file"].unlink(missing_ok=True)
-        if keep.get("lease") is not None and not failed:
-            keep["lease"].release()
+        if kept.checkpoints is not None:
+            kept.checkpoints.close(abort=failed)
+        if kept.snapshots is not None:
+            kept.snapshots.close(remove=not failed)
+        if kept.lease is not None and not failed:
+            kept.lease.release()
 
     @staticmethod
-    def abandon(keep: dict, wait_s: float = 2.0) -> None:
+    def abandon(kept: Kept, wait_s: float = 2.0) -> None:
         """A failed process that exits without tearing down: snapshot copies that land within
         `wait_s` are committed (the newest state survives for the node tier), the writer is
         killed. Nothing waits on another rank."""
-        if keep.get("snap") is not None:
-            keep["snap"].commit_landed(wait_s)
-        if keep.get("ckpt") is not None:
-            keep["ckpt"].close(abort=True)
+        if kept.snapshots is not None:
+            kept.snapshots.commit_landed(wait_s)
+        if kept.checkpoints is not None:
+            kept.checkpoints.close(abort=True)
 
     def stats(self) -> dict:
         out = {}

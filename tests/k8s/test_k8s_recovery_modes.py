@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from k8s import naming
+from k8s.environment import network_env
 from k8s.restart_policy import USAGE_ERROR_EXIT_CODE
 
 
@@ -24,7 +26,8 @@ def test_launcher_flags_per_mode(synthesis) -> None:
     rec = synthesis.dep.profile.recovery
     assert synthesis.trainer["command"] == ["python", "-m", "trainer.recovery.launch"]
     assert synthesis.args_value("--mode") == synthesis.dep.mode
-    expected_restarts = 0 if synthesis.dep.mode == "baseline" else rec.max_restarts
+    # torchrun runs with --max-restarts 0: only ft_launcher gets a worker restart budget
+    expected_restarts = rec.max_restarts if synthesis.dep.recovery_mode.uses_ft_launcher else 0
     assert synthesis.args_value("--max_restarts") == str(expected_restarts)
     assert float(synthesis.args_value("--heartbeat_timeout")) == rec.heartbeat_timeout_s
     assert float(synthesis.args_value("--initial_heartbeat_timeout")) == rec.initial_heartbeat_timeout_s
@@ -44,7 +47,33 @@ def test_watchdog_environment_per_mode(synthesis) -> None:
     else:
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
         assert "NCCL_NVLS_ENABLE" not in env
+        assert "TORCH_NCCL_RETHROW_CUDA_ERRORS" not in env
+    assert env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
+    assert env["TORCH_CPP_LOG_LEVEL"] == "ERROR"
     assert int(env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]) > max(rec.nccl_timeout_s, rec.hard_timeout_s)
+
+
+def test_pod_environment_and_launcher_environment_agree(synthesis) -> None:
+    """The launcher in the pod (and the local runner, which starts workers the same way) sets
+    what the manifest left unset; for every PyTorch/NCCL knob it sets, the manifest already has
+    the same value, and the manifest sets no such knob a local run would lack."""
+    from trainer.config import parse_args
+    from trainer.recovery.launch import launch_env, parse
+
+    args = [a.replace(f"$({naming.COMPLETION_INDEX_ENV})", "0") for a in synthesis.trainer["args"]]
+    spec, trainer_args = parse(args)
+    cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)
+    pod = {name: e["value"] for name, e in synthesis.env.items() if "value" in e}
+    local = launch_env(spec, cfg, base={})
+
+    def knobs(env: dict) -> dict:
+        return {k: v for k, v in env.items() if k.startswith(("TORCH_", "NCCL_"))
+                and k not in network_env(synthesis.dep.instance)}
+
+    assert knobs(local) == knobs(pod)
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" in knobs(local)
+    in_pod = launch_env(spec, cfg, base=pod)
+    assert {k: in_pod[k] for k in pod} == pod  # the manifest's values win
 
 
 def test_efa_environment_per_family(synthesis) -> None:

@@ -142,7 +142,7 @@ def reference(cache_dir, tmp_path_factory) -> Callable[..., dict]:
 def faults(*kinds: str, steps: int = STEPS, after: int = 2, world: int = 2) -> list[str]:
     """Flags for a seeded schedule whose faults come in exactly this order of types, at least
     two steps apart (the published algorithm; the seed is searched, not the algorithm bent)."""
-    from trainer.faults.inject import schedule
+    from trainer.faults.schedule import schedule
 
     types = sorted(set(kinds))
     for seed in range(100_000):
@@ -178,7 +178,7 @@ def one_rank_group():
     import torch
     import torch.distributed as dist
 
-    from trainer.loop.parallel import DistEnv
+    from trainer.loop.distributed import DistEnv
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -98,3 +98,21 @@ def test_the_log_bundle_leaves_out_logs_of_earlier_calls(tmp_path, monkeypatch):
     bench.bundle(tmp_path)
     with tarfile.open(tmp_path / "logs.tar.gz") as tar:
         assert tar.getnames() == ["new.log"]
+
+
+def test_recovery_runs_take_their_per_mode_settings_from_the_mode_table(monkeypatch):
+    """The values measured with (BENCHMARKS.md section 3), now derived from the modes' traits;
+    a mode without a measured limit gets the largest one of its kind."""
+    from bench import run as bench
+
+    expected = {"baseline": ("--backoff_seconds", "1"),
+                "ft_launcher": ("--heartbeat_timeout", "10"),
+                "inprocess": (),
+                "ft_launcher+inprocess": ("--heartbeat_timeout", "60")}
+    for mode, flags in expected.items():
+        assert bench.recovery_local(mode) == flags
+        args = bench._recovery_args("tiny", 1, 64, 40, None, False, mode)
+        assert ("--tiers" in args) == (mode != "baseline")  # the published baseline: no tiers
+    assert bench.run_limit("recovery", "inprocess") == 300
+    monkeypatch.setitem(bench.RUN_LIMITS, "recovery", {"baseline": 540, "ft_launcher": 380})
+    assert bench.run_limit("recovery", "inprocess") == 540

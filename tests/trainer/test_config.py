@@ -58,3 +58,55 @@ def test_launcher_command_per_mode():
     base = build_command(LaunchSpec("baseline", 2, 8, 1, "job-0.svc", 29500), [])
     assert "torch.distributed.run" in " ".join(base)
     assert "--max-restarts=0" in base and "--node-rank=1" in base
+
+
+# What each mode does, written out: the launcher, local runner, demo and benchmarks derive it
+# from the mode table's traits, never from the mode's name.
+PER_MODE = {  # mode: (job restarts by default, launcher restart budget, heartbeat timeout by
+    # default with a hard timeout of 100 s, a heartbeat timeout of 50 s refused)
+    "baseline": (10, False, 30.0, False),
+    "ft_launcher": (0, True, 30.0, False),
+    "inprocess": (0, False, 30.0, False),
+    "ft_launcher+inprocess": (0, True, 130.0, True),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(PER_MODE))
+def test_per_mode_settings_follow_the_mode_table(mode):
+    from config.contract import RecoveryMode
+    from devtools.local import parse
+    from trainer.recovery.launch import default_heartbeat_timeout
+
+    job_restarts, launcher_restarts, heartbeat, _ = PER_MODE[mode]
+    args, _ = parse(["--mode", mode])
+    assert args.job_restarts == job_restarts
+    assert RecoveryMode(mode).launcher_restarts_workers is launcher_restarts
+    assert default_heartbeat_timeout(mode, hard_timeout=100.0) == heartbeat
+
+
+def test_heartbeat_timeout_below_the_hard_timeout_is_refused_only_with_both_layers(capsys):
+    from trainer.config import parse_args
+    from trainer.recovery.launch import LaunchSpec, check
+
+    for mode, (*_, refused) in PER_MODE.items():
+        cfg = parse_args(["--mode", mode, "--device", "cpu", "--hard_timeout", "100"],
+                         environment=False)
+        spec = LaunchSpec(mode, 1, 2, 0, "127.0.0.1", heartbeat_timeout=50)
+        if refused:
+            with pytest.raises(SystemExit) as exc:
+                check(spec, cfg)
+            assert exc.value.code == 2
+            assert "--heartbeat_timeout 50 must exceed the trainer's --hard_timeout 100" in \
+                capsys.readouterr().err
+        else:
+            check(spec, cfg)
+
+
+def test_launcher_defaults_are_written_once():
+    from config.contract import DEFAULT_MASTER_PORT
+    from trainer.recovery.launch import LaunchSpec, parse
+
+    spec, _ = parse(["--mode", "baseline", "--nnodes", "1", "--nproc_per_node", "2",
+                     "--node_rank", "0", "--master_addr", "127.0.0.1"])
+    assert spec == LaunchSpec("baseline", 1, 2, 0, "127.0.0.1")
+    assert spec.master_port == DEFAULT_MASTER_PORT

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import tracemalloc
 
 from trainer.loop.data import (LEGACY_ORDER, FeistelPermutation, GlobalSampler, TokenDataset, main,
-                          prepare)
+                               prepare)
 
 
 def test_prepare_local_corpus_and_read_windows(tmp_path):

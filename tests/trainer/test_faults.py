@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainer.accounting.events import EventLog
-from trainer.faults.inject import Fault, FaultInjector, InjectedFault, schedule
+from trainer.faults.inject import FaultInjector, InjectedFault
+from trainer.faults.schedule import Fault, schedule
 
 
 def test_seed_42_schedule_matches_the_published_one():

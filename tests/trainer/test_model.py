@@ -10,8 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainer.loop.distributed import DistEnv
 from trainer.loop.model import PRESETS, llama_config, parameter_count, preset_parameters
-from trainer.loop.parallel import DistEnv, build_sharded_model
+from trainer.loop.parallel import build_sharded_model
 
 
 def test_preset_arithmetic_matches_transformers():
@@ -36,7 +37,7 @@ def test_weights_from_a_local_directory_are_loaded_exactly(tmp_path, one_rank_gr
 
 def _build_everything(rank: int, world: int, port: int, hf_dirs: dict, out: str) -> None:
     """One rank of a real gloo job: every way a model starts, as full tensors (rank 0 saves)."""
-    from trainer.loop.parallel import FULL_INIT_MAX_BYTES, full_param_sha256
+    from trainer.loop.weights import FULL_INIT_MAX_BYTES, full_param_sha256
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from tests.trainer.conftest import ROOT
-from trainer.accounting.goodput import summarize
 from devtools.report import (ReportError, main, plot_timeline, render_markdown, render_text,
-                            table_rows, timeline)
+                             table_rows, timeline)
+from trainer.accounting.goodput import summarize
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

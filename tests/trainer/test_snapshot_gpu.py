@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from trainer.accounting.events import EventLog
-from trainer.snapshots.slots import Snapshotter
 from trainer.durable.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
+from trainer.snapshots import Snapshotter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -101,7 +101,7 @@ def test_a_device_without_an_index_is_the_current_one(node_dir):
     deadline = time.monotonic() + 30
     while slot.step != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert slot.step == 1 and snap._committer.is_alive()
+    assert slot.step == 1 and snap.own._committer.is_alive()
     snap.close(remove=True)
 
 

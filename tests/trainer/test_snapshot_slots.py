@@ -4,11 +4,11 @@ durable checkpoint is being written from another slot for many steps."""
 import pytest
 import torch
 
-from trainer.config import ConfigError
-from trainer.accounting.events import EventLog
 from config.contract import own_slots, snapshot_bytes
-from trainer.snapshots.slots import Snapshotter, warm_slots
+from trainer.accounting.events import EventLog
+from trainer.config import ConfigError
 from trainer.durable.staging import HostBuffer, Layout
+from trainer.snapshots import Snapshotter, warm_slots
 
 
 def _snapshotter(tmp_path, durable: bool) -> Snapshotter:
@@ -48,13 +48,13 @@ def test_the_newest_snapshot_is_never_the_free_slot_while_the_other_copy_is_in_f
     done = snap.take(5, _state(5), {"step": 5})
     copying = next(s for s in snap.slots if s is not done)
     copying.pending = (6, {"step": 6}, None)  # what `take` leaves while a device copy runs
-    assert snap._free_slot() is None
+    assert snap.own._free_slot() is None
     snap.pin(done)  # the durable write's or a peer's read: step 5 stays readable, still not free
-    assert snap._free_slot() is None
+    assert snap.own._free_slot() is None
     snap.unpin(done)
     copying.pending = None
     copying.commit(6, {"step": 6}, {})  # the copy landed: step 5 is the one to overwrite now
-    assert snap._free_slot() is done
+    assert snap.own._free_slot() is done
     snap.close(remove=True)
 
 
@@ -70,7 +70,7 @@ def test_slots_larger_than_the_node_directory_are_a_clear_error_before_any_file(
     of a SIGBUS when the memory file system runs out while the slots are first touched."""
     snap = _snapshotter(tmp_path, durable=True)
     shard = Layout.of(_state(1))
-    huge = Layout(shard.slots, 2**62)  # more than any file system here holds
+    huge = Layout(shard.fields, 2**62)  # more than any file system here holds
     with pytest.raises(ConfigError, match=r"snapshot buffers of the node's 1 rank\(s\) need .* GiB"):
         snap.allocate(huge)
     assert not list(tmp_path.glob("*.buf"))
@@ -131,11 +131,11 @@ def test_a_snapshot_is_whole_whatever_share_goes_through_the_device_stage(tmp_pa
         assert torch.equal(slot.buffer.views[name], t), name
     layout = slot.buffer.layout
     start = layout.suffix_start(share)
-    staged = [] if snap._stage is None else list(snap._stage.views)
-    assert staged == [s.name for s in layout.slots if s.offset >= start]
-    assert (snap._stage is None) == (share == 0.0)
-    if snap._stage is not None:
-        assert snap._stage.flat.numel() == layout.total_bytes - start
+    staged = [] if snap.own._stage is None else list(snap.own._stage.views)
+    assert staged == [s.name for s in layout.fields if s.offset >= start]
+    assert (snap.own._stage is None) == (share == 0.0)
+    if snap.own._stage is not None:
+        assert snap.own._stage.flat.numel() == layout.total_bytes - start
     if share == 0.5:
         assert 0 < start < layout.total_bytes
     snap.close(remove=True)

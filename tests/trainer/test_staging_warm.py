@@ -6,8 +6,8 @@ import json
 
 import torch
 
-from trainer.durable.manager import CheckpointManager, staging_path, warm_staging
 from trainer.accounting.events import EventLog
+from trainer.durable.manager import CheckpointManager, staging_path, warm_staging
 from trainer.durable.staging import HostBuffer, Layout
 
 

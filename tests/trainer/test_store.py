@@ -7,7 +7,7 @@ import torch
 
 from trainer.durable.staging import HostBuffer, Layout
 from trainer.durable.store import (MANIFEST, CheckpointError, CheckpointStore, ShardWrite, marker_name,
-                           shard_name, step_dir_name, write_shard)
+                                   shard_name, step_dir_name, write_shard)
 
 
 def _write(root, step, rank, world, value):

@@ -1,1 +1,2 @@
-"""Accounting: the append-only event log every rank and restart writes, and the goodput computed from it."""
+"""Accounting: the append-only event log every rank and restart writes, and the goodput computed
+from it."""

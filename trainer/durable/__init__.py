@@ -1,1 +1,2 @@
-"""The durable tier: per-rank shards staged through pinned host buffers, written and verified on shared storage, and the directory's lease."""
+"""The durable tier: per-rank shards staged through pinned host buffers, written and verified on
+shared storage, and the directory's lease."""

@@ -8,9 +8,7 @@ on storage; nothing here needs a collective except restore, where all ranks must
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,14 +17,14 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from trainer.atomic import read_json, write_json_atomic
 from trainer.accounting.events import EventLog
-from trainer.recovery.phases import injected_delay
+from trainer.atomic import read_json, write_json_atomic
 from trainer.durable.staging import HostBuffer, Layout, host_copy_stream
 from trainer.durable.state import local_tensors, restore, shard_layout
 from trainer.durable.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
-                           MANIFEST, StorageError, error_file, follow_worker, step_dir_name,
-                           write_shard)
+                                   MANIFEST, StorageError, error_file, follow_worker, step_dir_name,
+                                   write_shard)
+from trainer.recovery.phases import injected_delay
 
 MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
 
@@ -35,20 +33,6 @@ def _warm_up(worker_pid: int) -> None:
     """The first request: makes the writer process start (and import torch) ahead of need, and
     tie its life to the worker's."""
     follow_worker(worker_pid)
-
-
-def default_node_dir() -> Path:
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / "nvrx-eks"
-
-
-def node_root(node_dir: Optional[str], checkpoint_dir: str, lineage: str) -> Path:
-    """This run's node-local directory: named after the checkpoint directory and the identity
-    stored in it (trainer.durable.lease), so two runs on one node never share buffers, and a new
-    directory at an old path never finds the old one's snapshots."""
-    key = hashlib.sha1(f"{os.path.abspath(checkpoint_dir)}:{lineage}".encode()).hexdigest()[:12]
-    return Path(node_dir or default_node_dir()) / key
 
 
 def staging_path(root: Path, rank: int) -> Path:
@@ -71,7 +55,8 @@ def warm_staging(root: Path, rank: int, pin: bool) -> None:
 class CheckpointManager:
     def __init__(self, checkpoint_dir: str, *, rank: int, world_size: int, device: torch.device,
                  use_async: bool, keep: int, timeout_s: float, events: EventLog,
-                 node_root: Path, log: Callable[[str], None] = print):
+                 node_root: Path, keepalive: Callable[[], None] = lambda: None,
+                 log: Callable[[str], None] = print):
         self.store = CheckpointStore(checkpoint_dir, keep=keep, warn=log)
         self.rank = rank
         self.world_size = world_size
@@ -91,8 +76,19 @@ class CheckpointManager:
         self._committing: Optional[threading.Thread] = None  # rank 0: a commit being published
         self._commit_error: Optional[Exception] = None
         self.last_saved_step = -1
-        self.keepalive: Callable[[], None] = lambda: None
+        self.keepalive = keepalive  # bounded waits keep heartbeats going
         self._on_written: Optional[Callable[[], None]] = None
+
+    def rejoin(self, rank: int, world_size: int, keepalive: Callable[[], None]) -> None:
+        """A new in-process attempt: an earlier attempt's write goes on (a dead writer is
+        dropped), and ranks may have been reassigned."""
+        self.settle()
+        self.rank, self.world_size = rank, world_size
+        self.keepalive = keepalive
+
+    def resumed_at(self, step: int) -> None:
+        """Training resumes from `step`: never rewrite that checkpoint."""
+        self.last_saved_step = step
 
     # -- saving ------------------------------------------------------------------------------
     def prepare(self, layout: Layout) -> None:

@@ -29,7 +29,9 @@ def dtype_of(name: str) -> torch.dtype:
 
 
 @dataclass(frozen=True)
-class Slot:
+class Field:
+    """One tensor's place in a flat shard buffer."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -41,31 +43,32 @@ class Slot:
 class Layout:
     """Where each tensor of a shard lives inside the flat buffer."""
 
-    slots: tuple[Slot, ...]
+    fields: tuple[Field, ...]
     total_bytes: int
 
     @staticmethod
     def of(tensors: Mapping[str, torch.Tensor]) -> "Layout":
-        slots, offset = [], 0
+        fields, offset = [], 0
         for name, t in tensors.items():
             nbytes = t.numel() * t.element_size()
-            slots.append(Slot(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes))
+            fields.append(Field(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes))
             offset += -(-nbytes // ALIGN) * ALIGN
-        return Layout(tuple(slots), max(offset, ALIGN))
+        return Layout(tuple(fields), max(offset, ALIGN))
 
     def to_json(self) -> dict:
-        return {"total_bytes": self.total_bytes, "slots": [asdict(s) for s in self.slots]}
+        # "slots" on disk: layouts written before the name changed must still read
+        return {"total_bytes": self.total_bytes, "slots": [asdict(f) for f in self.fields]}
 
     @staticmethod
     def from_json(d: Mapping) -> "Layout":
-        slots = tuple(Slot(s["name"], s["dtype"], tuple(s["shape"]), s["offset"], s["nbytes"])
-                      for s in d["slots"])
-        return Layout(slots, int(d["total_bytes"]))
+        fields = tuple(Field(f["name"], f["dtype"], tuple(f["shape"]), f["offset"], f["nbytes"])
+                       for f in d["slots"])
+        return Layout(fields, int(d["total_bytes"]))
 
     def views(self, flat: torch.Tensor, start: int = 0) -> dict[str, torch.Tensor]:
         """Typed views into a flat uint8 tensor holding this layout from byte `start` on."""
         out = {}
-        for s in self.slots:
+        for s in self.fields:
             if s.offset < start:
                 continue
             raw = flat[s.offset - start:s.offset - start + s.nbytes]
@@ -77,7 +80,7 @@ class Layout:
         if share <= 0:
             return self.total_bytes
         cut = self.total_bytes * (1.0 - share)
-        return next((s.offset for s in self.slots if s.offset >= cut), self.total_bytes)
+        return next((s.offset for s in self.fields if s.offset >= cut), self.total_bytes)
 
 
 def map_file(path: Path, nbytes: int, writable: bool) -> torch.Tensor:

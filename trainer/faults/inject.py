@@ -1,12 +1,10 @@
-"""Deterministic fault injection, reproducing the published example's schedule exactly.
+"""Firing faults for real: exception, hang (a Python-level stall), sigkill, segfault (a real
+SIGSEGV), oom (a real allocation failure) and node (every rank of one node dies and its
+node-local memory is lost), at scheduled steps or at named points of set-up and tear-down.
 
-Types: exception, hang (a Python-level stall), sigkill, segfault (a real SIGSEGV), oom (a real
-allocation failure) and node (every rank of one node dies and its node-local memory is lost).
-
-The schedule for a seed is a pure function (same steps, ranks and types everywhere). Each fault
-fires once: before firing, the rank creates a marker file on the checkpoint storage, so a
-rollback that replays the step - after an in-process restart, a launcher restart or a whole-job
-restart - finds the marker and trains on.
+Each fault fires once: before firing, the rank creates a marker file on the checkpoint storage,
+so a rollback that replays the step - after an in-process restart, a launcher restart or a
+whole-job restart - finds the marker and trains on.
 """
 
 from __future__ import annotations
@@ -16,65 +14,22 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 from trainer.accounting.events import EventLog
+from trainer.faults.node_loss import lose_node, register_rank, unregister_rank
+from trainer.faults.schedule import Fault
 
 
 class InjectedFault(RuntimeError):
     """The exception an `exception` fault raises."""
 
 
-@dataclass(frozen=True)
-class Fault:
-    step: int
-    rank: int
-    type: str
-
-
-def schedule(seed: int, count: int, after_step: int, max_steps: int, world_size: int,
-             types: Sequence[str], weights: Optional[Sequence[float]] = None) -> list[Fault]:
-    """The published algorithm: sorted sampled steps, then per step a rank (never 0) and a type."""
-    if count == 0:
-        return []
-    rng = random.Random(seed)
-    steps = sorted(rng.sample(range(after_step + 1, max_steps + 1), count))
-    out = []
-    for step in steps:
-        rank = rng.randint(1, world_size - 1) if world_size > 1 else 0
-        kind = rng.choices(list(types), weights=list(weights) if weights else None)[0]
-        out.append(Fault(step, rank, kind))
-    return out
-
-
 def _hang() -> None:
     """A Python-level hang: the rank stops making progress but stays alive."""
     while True:
         time.sleep(0.5)
-
-
-def _lose_node(node_root: Optional[Path]) -> None:
-    """A whole node fails: its memory (the node-local snapshot files) is gone and every rank on
-    it dies at once. The ranks register their pids under the node root at start-up."""
-    import shutil
-
-    pids = []
-    if node_root is not None:
-        for f in (node_root / "pids").glob("rank*"):
-            try:
-                pids.append(int(f.read_text()))
-            except (OSError, ValueError):
-                pass
-        shutil.rmtree(node_root, ignore_errors=True)
-    for pid in pids:
-        if pid != os.getpid():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _segfault() -> None:
@@ -116,6 +71,14 @@ class FaultInjector:
         self.weights = list(weights) if weights else None
         self._rng = random.Random()
         self.node_root = node_root
+        node_faults = "node" in self.types or any(f.type == "node" for f in faults)
+        self._registered = register_rank(node_root, rank) \
+            if node_root is not None and node_faults else None
+
+    def close(self) -> None:
+        """The run is complete: no node fault of a later run may find this pid."""
+        unregister_rank(self._registered)
+        self._registered = None
 
     def _claim(self, fault: Fault) -> bool:
         """True exactly once per fault across every restart: the marker is created atomically."""
@@ -179,5 +142,5 @@ def fire(kind: str, device_type: str, step: int, node_root: Optional[Path] = Non
     elif kind == "oom":
         _oom(device_type)
     elif kind == "node":
-        _lose_node(node_root)
+        lose_node(node_root)
     raise ValueError(f"unknown fault type {kind!r}")

@@ -122,7 +122,7 @@ class StepReadback:
 
 class Throughput:
     """Tokens/s and MFU. Model FLOPs per token: `model.flops_per_token`; peak: the device's
-    dense bf16 peak (`parallel.peak_flops`), None on CPUs, and then MFU is None too."""
+    dense bf16 peak (`peak_flops`), None on CPUs, and then MFU is None too."""
 
     def __init__(self, flops_per_token: int, peak: Optional[float], tokens_per_step: int,
                  world_size: int, device_name: str = "cpu"):
@@ -182,3 +182,23 @@ class Window:
                 f"{tps:>10,.0f} tok/s ({perf.per_gpu(tps):,.0f}/gpu, with stalls) | "
                 + (f"MFU {mfu:.1f}% | " if mfu is not None else "")
                 + f"ckpt stall {self.stall:.3f} s")
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def peak_flops(device: torch.device) -> Optional[float]:
+    """Dense bf16 peak FLOP/s of one device, or None where unknown (CPUs, unlisted GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = device_name(device)
+    for fragment, flops in PEAK_BF16_FLOPS:
+        if fragment in name:
+            return flops
+    return None
+
+
+# Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets; the first match wins.
+PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
+                   ("A100", 312e12), ("L40S", 362e12), ("B200", 2250e12))

@@ -9,10 +9,9 @@ from __future__ import annotations
 import base64
 import math
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import Optional
 
 import numpy as np
 import torch
@@ -20,56 +19,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from trainer.accounting.events import EventLog
 from trainer.config import FinalError, TrainConfig, accumulation_steps
+from trainer.durable.state import ensure_optimizer_state
+from trainer.faults.inject import FaultInjector, at_point
+from trainer.faults.schedule import schedule
+from trainer.keeper import StateKeeper
 from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.loop.determinism import make_deterministic
-from trainer.accounting.events import EventLog
-from trainer.faults.inject import FaultInjector, at_point, schedule
-from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window
-from trainer.loop.parallel import (DistEnv, build_sharded_model, device_name, full_param_sha256,
-                              init_process_group, initialize_weights, peak_flops)
-from trainer.recovery.phases import run_here, run_phase, settle as settle_phases
+from trainer.loop.distributed import DistEnv, init_process_group
+from trainer.loop.hooks import Hooks
+from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
+from trainer.loop.parallel import build_sharded_model
 from trainer.loop.profiling import StepProfiler, profile_line
-from trainer.keeper import StateKeeper
-from trainer.durable.state import ensure_optimizer_state
-
-
-KEEPALIVE_S = 0.25
-T = TypeVar("T")
-
-
-@dataclass
-class Hooks:
-    """What a recovery layer plugs into the loop."""
-
-    store: Optional[dist.Store] = None          # in-process: the wrapper's per-attempt store
-    iteration: int = 0                           # in-process attempt number
-    keepalive: list[Callable[[], None]] = field(default_factory=list)  # heartbeats, pings
-
-    def alive(self) -> None:
-        """Send the keepalives, at most every KEEPALIVE_S: each one is an IPC message, and a
-        flood of them delays (NVRx's in-process monitor: starves) the peer that reads them."""
-        now = time.monotonic()
-        if now - self._last_alive >= KEEPALIVE_S:
-            self._last_alive = now
-            for fn in self.keepalive:
-                fn()
-
-    _last_alive: float = 0.0
-    on_ready: list[Callable[[], None]] = field(default_factory=list)
-    meta: dict[str, Callable[[], dict]] = field(default_factory=dict)  # saved with checkpoints
-    on_restore: dict[str, Callable[[dict], None]] = field(default_factory=dict)
-    keep: dict = field(default_factory=dict)     # objects that outlive an attempt
-    steps_done: int = 0                          # training steps this attempt queued
-
-    def phase(self, name: str, fn: Callable[[], T], bound_s: float,
-              device: Optional[torch.device] = None) -> T:
-        """Run set-up or tear-down work outside the progress timeouts, bounded by `bound_s`."""
-        return run_phase(name, fn, bound_s, self.alive, device)
-
-    def phase_here(self, name: str, fn: Callable[[], T], bound_s: float) -> T:
-        """`phase`, but on this thread: for work whose per-thread caches the loop reuses."""
-        return run_here(name, fn, bound_s, self.alive)
+from trainer.loop.weights import full_param_sha256, initialize_weights
+from trainer.recovery.phases import settle as settle_phases
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -205,8 +169,15 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
                     attempt=hooks.iteration)
     point("model")
     t0 = time.perf_counter()
-    keeper = StateKeeper(cfg, env, events, hooks.keep, hooks.alive, log)
+    keeper = StateKeeper(cfg, env, events, hooks.kept, hooks.alive, log)
     keeper_s = time.perf_counter() - t0
+    # Before the restore's collectives: a node fault right after them finds every rank's pid.
+    faults = FaultInjector(
+        schedule(cfg.fault_seed, cfg.fault_count, cfg.fault_after_step, cfg.max_steps,
+                 env.world_size, cfg.fault_types, cfg.fault_type_weights or None),
+        env.rank, Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None, events,
+        env.device.type, cfg.fault_probability, cfg.fault_types, cfg.fault_type_weights or None,
+        keeper.node_root)
     seconds = keeper.prepare(model, optimizer)
     point("buffers")
     events.emit("buffers_ready", iteration=hooks.iteration, keeper_s=keeper_s, **seconds)
@@ -214,7 +185,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     if meta is None:
         initialize_weights(model, cfg.model, cfg.seed, n_params * 4)
     point("restore")
-    return data, model_config, model, optimizer, keeper, meta
+    return data, model_config, model, optimizer, keeper, faults, meta
 
 
 def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks] = None) -> dict:
@@ -224,7 +195,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     if cfg.deterministic:
         make_deterministic()
     settle_phases(cfg.startup_timeout, hooks.alive)
-    data, model_config, model, optimizer, keeper, meta = hooks.phase(
+    data, model_config, model, optimizer, keeper, faults, meta = hooks.phase(
         "startup", lambda: _build(cfg, env, events, hooks, log), cfg.startup_timeout, env.device)
     from trainer.loop.model import flops_per_token
 
@@ -247,12 +218,6 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     elif cfg.checkpoint_dir:
         log(f"no checkpoint in {cfg.checkpoint_dir}: starting from step 0")
 
-    faults = FaultInjector(
-        schedule(cfg.fault_seed, cfg.fault_count, cfg.fault_after_step, cfg.max_steps,
-                 env.world_size, cfg.fault_types, cfg.fault_type_weights or None),
-        env.rank, Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None, events,
-        env.device.type, cfg.fault_probability, cfg.fault_types, cfg.fault_type_weights or None,
-        keeper.node_root)
     for fn in hooks.on_ready:
         fn()
     events.emit("train_start", step=step, iteration=hooks.iteration)
@@ -330,6 +295,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         # checkpoint after the last collective, so no rank waits for that in a collective.
         param_sha256 = full_param_sha256(model)
         keeper.finish(step, model, optimizer, state_meta)
+        faults.close()
         return {"steps_completed": step, "final_loss": last_loss,
                 "param_sha256": param_sha256, "global_batch_size": global_batch,
                 "accumulation_steps": accum, **perf.summary(), **keeper.stats()}

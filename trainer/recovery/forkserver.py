@@ -23,9 +23,11 @@ from pathlib import Path
 # What a worker imports before its first step; a module missing here is imported by each worker.
 PRELOAD = (
     "trainer.recovery.worker_groups",  # first: the server's forks get process groups of their own
-    "trainer.cli", "trainer.loop.train", "trainer.keeper", "trainer.durable.manager", "trainer.snapshots.slots",
-    "trainer.durable.staging", "trainer.recovery.heartbeat", "trainer.recovery.failfast", "trainer.faults.inject", "trainer.recovery.inprocess",
-    "trainer.loop.model", "trainer.loop.parallel", "trainer.loop.data", "trainer.accounting.goodput",
+    "trainer.cli", "trainer.keeper", "trainer.loop.train", "trainer.loop.model",
+    "trainer.loop.parallel", "trainer.loop.data", "trainer.durable.manager",
+    "trainer.durable.staging", "trainer.snapshots", "trainer.recovery.heartbeat",
+    "trainer.recovery.failfast", "trainer.recovery.inprocess", "trainer.faults.inject",
+    "trainer.accounting.goodput",
     "transformers.models.llama.modeling_llama",
     "nvidia_resiliency_ext.fault_tolerance.launcher",  # the worker function's own module
     "torch.distributed.checkpoint",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 
 from trainer.accounting.events import EventLog
-from trainer.loop.train import Hooks
+from trainer.loop.hooks import Hooks
 
 
 def attach_heartbeat(hooks: Hooks, events: EventLog) -> None:
@@ -23,14 +23,14 @@ def attach_heartbeat(hooks: Hooks, events: EventLog) -> None:
     hooks.keepalive.append(client.send_heartbeat)
     hooks.meta["ft_client"] = client.state_dict
     hooks.on_restore["ft_client"] = client.load_state_dict
-    hooks.keep["ft_client"] = client
+    hooks.kept.ft_client = client
 
 
 def detach_heartbeat(hooks: Hooks) -> None:
     """Stop the rank monitor's clock once this worker is done. A forked worker outlives its
     training (multiprocessing ends it only once every worker has returned), and a rank that
     is silent past the heartbeat timeout would get the job restarted."""
-    client = hooks.keep.pop("ft_client", None)
+    client, hooks.kept.ft_client = hooks.kept.ft_client, None
     if client is not None:
         with contextlib.suppress(Exception):  # a monitor that is gone: nothing to tell
             client.shutdown_workload_monitoring()

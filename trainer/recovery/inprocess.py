@@ -22,13 +22,14 @@ from typing import Optional
 
 import torch
 
-from trainer.config import ConfigError, FinalError, TrainConfig
+from config.contract import inprocess_port
 from trainer.accounting.events import EventLog
-from trainer.recovery.launch import INPROCESS_PORT_ENV
+from trainer.config import ConfigError, FinalError, TrainConfig
+from trainer.loop.distributed import DistEnv, dist_env
+from trainer.loop.hooks import Hooks
+from trainer.loop.train import run
 from trainer.recovery.nvrx_compat import restart_health_check
-from trainer.loop.parallel import DistEnv, dist_env
 from trainer.recovery.phases import PhaseTimeout
-from trainer.loop.train import Hooks, run
 
 
 def _record_abort(events: EventLog):
@@ -92,7 +93,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
         checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=timedelta(seconds=30)))
         _hold_nvml()
     health = _timed_checks(events, "health_check", inprocess.Compose(*checks))
-    base_port = int(os.environ.get(INPROCESS_PORT_ENV, int(os.environ.get("MASTER_PORT", 29500)) + 1))
+    base_port = inprocess_port(os.environ)
     min_world = cfg.min_world_size or env.world_size
     wrapper = inprocess.Wrapper(
         store_kwargs={"port": base_port, "timeout": timedelta(seconds=cfg.barrier_timeout)},
@@ -105,7 +106,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
         # NVRx's monitor process checks the timeouts only when its message queue stays empty
         # for one monitor interval; progress stamps arriving at least that often (its default:
         # both 1 s) starve the check and a hang is never detected. Stamps every 2 s against a
-        # 0.5 s check interval (and throttled pings, see train.Hooks) leave it room.
+        # 0.5 s check interval (and throttled pings, see hooks.Hooks) leave it room.
         monitor_process_interval=timedelta(seconds=0.5),
         progress_watchdog_interval=timedelta(seconds=2.0),
         # A peer's exception reaches every rank's monitor thread at once (a store wait, in
@@ -165,17 +166,13 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
         events.rank = env.rank
         iteration = call_wrapper.iteration if call_wrapper else 0
         events.emit("attempt_start", iteration=iteration)
-        store = base.keep.get("app_store")
-        if store is None:
-            store = torch.distributed.TCPStore(
+        if base.kept.app_store is None:
+            base.kept.app_store = torch.distributed.TCPStore(
                 os.environ["MASTER_ADDR"], base_port + 1, env.world_size, env.rank == 0,
                 timeout=timedelta(seconds=cfg.barrier_timeout), wait_for_workers=False,
                 multi_tenant=True)
-            base.keep["app_store"] = store
-        hooks = Hooks(store=torch.distributed.PrefixStore(f"attempt{iteration}", store),
-                      iteration=iteration, keepalive=[*base.keepalive, call_wrapper.ping],
-                      on_ready=base.on_ready, meta=base.meta, on_restore=base.on_restore,
-                      keep=base.keep)
+        store = torch.distributed.PrefixStore(f"attempt{iteration}", base.kept.app_store)
+        hooks = base.for_attempt(iteration, store, call_wrapper.ping)
         try:
             return run(cfg, env, events, hooks)
         except Exception as exc:

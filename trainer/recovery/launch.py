@@ -3,8 +3,9 @@
 Used inside the training pods (`python -m trainer.recovery.launch ... -- <trainer flags>`) and by the
 local runner, so the cluster and a laptop start workers the same way.
 
-Ports from --master_port P: P the launcher's rendezvous store, P+1 the in-process wrapper's
-store, P+2.. the per-attempt stores of in-process restarts (one per attempt).
+Ports from --master_port P follow `config.contract` (P the launcher's rendezvous store, P+1 the
+in-process wrapper's store, P+2 the in-process application store); so does the environment of
+the workers (`contract.process_env`), which a pod's manifest sets and this launcher completes.
 
 Rendezvous: node rank 0 hosts the store (`is_host`), never decided from a DNS answer that may be
 stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
@@ -27,11 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from config.contract import RecoveryMode
+from config.contract import (DEFAULT_MASTER_PORT, FINAL_ERROR_ENV, INPROCESS_PORT_ENV,
+                             RecoveryMode, process_env, wrapper_store_port)
 from trainer.config import MODES
-
-INPROCESS_PORT_ENV = "NVRX_EKS_INPROCESS_PORT"
-FINAL_ERROR_ENV = "NVRX_EKS_FINAL_ERROR_FILE"
 
 
 @dataclass(frozen=True)
@@ -41,7 +40,7 @@ class LaunchSpec:
     nproc_per_node: int
     node_rank: int
     master_addr: str
-    master_port: int
+    master_port: int = DEFAULT_MASTER_PORT
     max_restarts: int = 20
     heartbeat_timeout: float = 300.0
     initial_heartbeat_timeout: float = 1200.0
@@ -84,19 +83,19 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     return [*launcher, "-m", "trainer", "--mode", spec.mode, *trainer_args]
 
 
-def launch_env(spec: LaunchSpec, base: Optional[dict] = None) -> dict:
+def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
+    """The launcher's environment, which its workers inherit: `base` (default: this process's),
+    completed with the mode's `contract.process_env` for the trainer config `cfg`. What `base`
+    already sets wins: a pod's manifest sets the same values."""
     env = dict(os.environ if base is None else base)
-    env[INPROCESS_PORT_ENV] = str(spec.master_port + 1)
+    env[INPROCESS_PORT_ENV] = str(wrapper_store_port(spec.master_port))
     env["GROUP_RANK"] = str(spec.node_rank)  # NVRx's infrastructure group rank
-    if RecoveryMode(spec.mode).in_process:
-        # A failed collective must raise in the rank (the wrapper restarts it), not kill it.
-        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-        env.setdefault("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0")
-        env.setdefault("NCCL_NVLS_ENABLE", "0")
+    # The NCCL watchdog's bound follows the NCCL collective timeout, whatever this run's device.
+    for name, value in process_env(spec.mode, cfg.collective_timeout("cuda"),
+                                   cfg.hard_timeout).items():
+        env.setdefault(name, value)
     env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # the stores' polling warnings drown the log
     env.setdefault("PYTHONWARNINGS", "ignore:The pynvml package is deprecated:FutureWarning")
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     return env
 
 
@@ -113,7 +112,7 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     p.add_argument("--nproc_per_node", type=int, required=True)
     p.add_argument("--node_rank", type=int, required=True)
     p.add_argument("--master_addr", required=True)
-    p.add_argument("--master_port", type=int, default=29500)
+    p.add_argument("--master_port", type=int, default=LaunchSpec.master_port)
     p.add_argument("--max_restarts", type=int, default=LaunchSpec.max_restarts)
     p.add_argument("--heartbeat_timeout", type=float, default=LaunchSpec.heartbeat_timeout)
     p.add_argument("--initial_heartbeat_timeout", type=float,
@@ -136,18 +135,20 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     return LaunchSpec(**vars(a)), trainer_args
 
 
-def default_heartbeat_timeout(mode: str, hard_timeout: float, floor: float = 30.0) -> float:
-    """ft_launcher's rank heartbeat timeout: with in-process restart below it, it must outlast
-    the trainer's hard timeout, or the launcher kills ranks the wrapper is still recovering."""
-    if mode == "ft_launcher+inprocess":
-        return max(floor, hard_timeout + 30.0)
+def default_heartbeat_timeout(mode: str, hard_timeout: float, floor: float = 30.0,
+                              margin: float = 30.0) -> float:
+    """ft_launcher's rank heartbeat timeout: `floor`; with in-process restart below it, `margin`
+    beyond the trainer's hard timeout, or the launcher kills ranks the wrapper is still
+    recovering (`check`)."""
+    if RecoveryMode(mode).heartbeat_outlasts_hard_timeout:
+        return max(floor, hard_timeout + margin)
     return floor
 
 
 def check(spec: LaunchSpec, cfg) -> None:
     """Launcher and trainer settings that only fail together."""
-    mode = RecoveryMode(spec.mode)
-    if mode.heartbeats and mode.in_process and spec.heartbeat_timeout <= cfg.hard_timeout:
+    if RecoveryMode(spec.mode).heartbeat_outlasts_hard_timeout and \
+            spec.heartbeat_timeout <= cfg.hard_timeout:
         sys.stderr.write(
             f"python -m trainer.recovery.launch: error: --heartbeat_timeout {spec.heartbeat_timeout:g} must "
             f"exceed the trainer's --hard_timeout {cfg.hard_timeout:g}: ft_launcher would kill "
@@ -225,10 +226,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     spec, trainer_args = parse(sys.argv[1:] if argv is None else argv)
     from trainer.config import parse_args
 
-    check(spec, parse_args([*trainer_args, "--mode", spec.mode]))  # bad flags: exit 2 here
+    cfg = parse_args([*trainer_args, "--mode", spec.mode])
+    check(spec, cfg)  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     print("launch:", " ".join(cmd), flush=True)
-    return supervise(cmd, launch_env(spec))
+    return supervise(cmd, launch_env(spec, cfg))
 
 
 if __name__ == "__main__":
