@@ -52,18 +52,18 @@ class StateKeeper:
                 use_async=cfg.use_async_checkpoint, keep=cfg.keep_checkpoints,
                 timeout_s=cfg.checkpoint_timeout, events=events, node_root=self.node_root,
                 keepalive=keepalive, log=print)
-        self.ckpt: Optional[CheckpointManager] = kept.checkpoints
+        self.checkpoints: Optional[CheckpointManager] = kept.checkpoints
         if cfg.tiers and kept.snapshots is None:
             kept.snapshots = Snapshotter(
                 snapshots_dir(self.node_root), rank=env.rank, world_size=env.world_size,
                 local_world_size=env.local_world_size, device=env.device, tiers=cfg.tiers,
                 budget_gib=cfg.memory_budget_gib, durable=cfg.checkpoint_interval > 0,
                 events=events, log=log, device_share=STAGED_SHARE[cfg.snapshot_staging])
-        self.snap: Optional[Snapshotter] = kept.snapshots
-        if self.snap is not None:
-            self.snap.settle()  # a replication of the failed attempt ends (or is abandoned)
-            self.snap.recover_pending()
-            self.snap.attach(cfg.collective_timeout(env.device.type))
+        self.snapshots: Optional[Snapshotter] = kept.snapshots
+        if self.snapshots is not None:
+            self.snapshots.settle()  # a replication of the failed attempt ends (or is abandoned)
+            self.snapshots.recover_pending()
+            self.snapshots.attach(cfg.collective_timeout(env.device.type))
 
     @staticmethod
     def warm(cfg: TrainConfig, env: DistEnv) -> None:
@@ -87,46 +87,46 @@ class StateKeeper:
         Returns the seconds of each, for the restart breakdown."""
         t0 = time.perf_counter()
         layout = Layout.of(local_tensors(model, optimizer))
-        if self.snap is not None:
-            self.snap.allocate(layout)
-        elif self.ckpt is not None and self.cfg.checkpoint_interval:
-            self.ckpt.prepare(layout)  # with tiers, checkpoints are written from snapshot slots
+        if self.snapshots is not None:
+            self.snapshots.allocate(layout)
+        elif self.checkpoints is not None and self.cfg.checkpoint_interval:
+            self.checkpoints.prepare(layout)  # with tiers, checkpoints are written from snapshot slots
         t1 = time.perf_counter()
-        if self.ckpt is not None:
-            self.ckpt.start_writer()
+        if self.checkpoints is not None:
+            self.checkpoints.start_writer()
         return {"map_pin_s": t1 - t0, "writer_s": time.perf_counter() - t1}
 
     def restore(self, model, optimizer) -> Optional[dict]:
         """Resume from the newest state every rank can obtain: snapshot tiers, then durable."""
-        if self.ckpt is None or self.cfg.resume == "never":
-            if self.ckpt is not None and self.ckpt.store.latest_step() is not None:
+        if self.checkpoints is None or self.cfg.resume == "never":
+            if self.checkpoints is not None and self.checkpoints.store.latest_step() is not None:
                 raise ConfigError(f"--resume never, but {self.cfg.checkpoint_dir} already holds "
                                  "checkpoints; use a new --checkpoint_dir")
             return None
         meta = self._restore_snapshot(model, optimizer)
         if meta is None:
-            meta = self.ckpt.restore(model, optimizer, required=self.cfg.resume == "required")
+            meta = self.checkpoints.restore(model, optimizer, required=self.cfg.resume == "required")
         if meta is not None:
-            self.ckpt.resumed_at(int(meta["step"]))
+            self.checkpoints.resumed_at(int(meta["step"]))
         return meta
 
     def _restore_snapshot(self, model, optimizer) -> Optional[dict]:
-        if self.snap is None:
+        if self.snapshots is None:
             return None
         t0 = time.time()
         inventories: list = [None] * self.env.world_size
-        dist.all_gather_object(inventories, self.snap.inventory())
-        step = self.snap.choose(inventories)
-        durable = self.ckpt.store.latest_step()
+        dist.all_gather_object(inventories, self.snapshots.inventory())
+        step = self.snapshots.choose(inventories)
+        durable = self.checkpoints.store.latest_step()
         if step is None or (durable is not None and durable > step):
             return None
-        flat, meta, tier = self.snap.restore_shard(step, inventories, self.fresh)
+        flat, meta, tier = self.snapshots.restore_shard(step, inventories, self.fresh)
         layout = Layout.of(local_tensors(model, optimizer))
         restore(model, optimizer, [(layout.views(flat), shard_layout(model))])
         dist.barrier()  # every transfer is done: node files of ranks now elsewhere can go
         if self.env.local_rank == 0:
             first = self.env.node_rank * self.env.local_world_size
-            self.snap.forget_others(range(first, first + self.env.local_world_size))
+            self.snapshots.forget_others(range(first, first + self.env.local_world_size))
         self.events.emit("snapshot_load", step=step, tier=tier, bytes=layout.total_bytes,
                          seconds=time.time() - t0)
         self.log(f"resumed from the step-{step} snapshot ({tier} tier)")
@@ -134,35 +134,35 @@ class StateKeeper:
 
     # -- every step --------------------------------------------------------------------------
     def fence(self) -> None:
-        if self.snap is not None and self.env.device.type == "cuda":
-            self.snap.fence()
+        if self.snapshots is not None and self.env.device.type == "cuda":
+            self.snapshots.fence()
 
     def saves_durably(self, step: int) -> bool:
         """Whether `after_step(step)` writes a durable checkpoint (the final one is `finish`'s)."""
         cfg = self.cfg
-        return self.ckpt is not None and bool(cfg.checkpoint_interval) \
+        return self.checkpoints is not None and bool(cfg.checkpoint_interval) \
             and step % cfg.checkpoint_interval == 0 and step < cfg.max_steps
 
     def discard_snapshots_from(self, step: int) -> None:
         """A diverged step: its snapshots and any after it must never be resumed from."""
-        if self.snap is not None:
-            self.snap.discard_from(step)
+        if self.snapshots is not None:
+            self.snapshots.discard_from(step)
 
     def after_step(self, step: int, model, optimizer, meta: MetaFn) -> float:
         """Snapshot and checkpoint as due; returns the seconds the loop was blocked."""
         t0 = time.perf_counter()
         cfg = self.cfg
         durable_due = self.saves_durably(step)
-        if self.ckpt is not None:
-            self.ckpt.poll()
+        if self.checkpoints is not None:
+            self.checkpoints.poll()
         if self.lease is not None:
             self.lease.renew()
         slot = None
-        if self.snap is not None:
-            self.snap.poll()
+        if self.snapshots is not None:
+            self.snapshots.poll()
             if step % cfg.snapshot_interval == 0 or durable_due or step == cfg.max_steps:
-                slot = self.snap.take(step, local_tensors(model, optimizer), meta(step))
-                self.snap.maybe_replicate(slot)
+                slot = self.snapshots.take(step, local_tensors(model, optimizer), meta(step))
+                self.snapshots.maybe_replicate(slot)
         if durable_due:  # a sync write, or a drain of the last one: long calls, see phases
             run_phase("checkpoint", lambda: self._durable(step, model, optimizer, meta, slot),
                       cfg.checkpoint_timeout, self.keepalive, self.env.device)
@@ -170,25 +170,25 @@ class StateKeeper:
 
     def _durable(self, step: int, model, optimizer, meta: MetaFn, slot, final: bool = False) -> None:
         if slot is None:  # no snapshot to write from: the manager stages its own copy
-            self.ckpt.save(step, model, optimizer, meta(step), final=final)
+            self.checkpoints.save(step, model, optimizer, meta(step), final=final)
             return
-        self.snap.poll(wait=True)  # the slot's copy must be complete before it is written
-        self.snap.pin(slot)
-        self.ckpt.save(step, model, optimizer, slot.meta, final=final, source=slot.buffer,
-                       on_written=lambda: self.snap.unpin(slot))
+        self.snapshots.poll(wait=True)  # the slot's copy must be complete before it is written
+        self.snapshots.pin(slot)
+        self.checkpoints.save(step, model, optimizer, slot.meta, final=final, source=slot.buffer,
+                       on_written=lambda: self.snapshots.unpin(slot))
 
     def finish(self, step: int, model, optimizer, meta: MetaFn) -> None:
         """The final checkpoint, committed. Nothing is released here: should a peer fail now,
         the re-entered attempt still finds every tier as it was, so it never rewinds."""
-        if self.snap is not None:
-            self.snap.poll(wait=True)
-        if self.ckpt is not None:
-            if self.ckpt.last_saved_step != step and self.cfg.final_checkpoint:
-                newest = self.snap.newest() if self.snap is not None else None
+        if self.snapshots is not None:
+            self.snapshots.poll(wait=True)
+        if self.checkpoints is not None:
+            if self.checkpoints.last_saved_step != step and self.cfg.final_checkpoint:
+                newest = self.snapshots.newest() if self.snapshots is not None else None
                 slot = newest if newest is not None and newest.step == step else None
                 self._durable(step, model, optimizer, meta, slot, final=True)
             at_point("final", step, self.env.rank, self.cfg.checkpoint_dir, self.events)
-            self.ckpt.finish()
+            self.checkpoints.finish()
 
     @staticmethod
     def release(kept: Kept, failed: bool) -> None:
@@ -214,8 +214,8 @@ class StateKeeper:
 
     def stats(self) -> dict:
         out = {}
-        if self.ckpt is not None:
-            out["checkpoint"] = self.ckpt.stats.to_json()
-        if self.snap is not None:
-            out["snapshots"] = dict(self.snap.stats)
+        if self.checkpoints is not None:
+            out["checkpoint"] = self.checkpoints.stats.to_json()
+        if self.snapshots is not None:
+            out["snapshots"] = dict(self.snapshots.stats)
         return out
