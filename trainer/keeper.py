@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-import torch
 import torch.distributed as dist
 
 from trainer.accounting.events import EventLog
