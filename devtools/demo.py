@@ -32,7 +32,7 @@ from trainer.config import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["--model", "tiny", "--log_interval", "20"]
-# Recovery timeouts sized for CPU ranks (the tests use the same): a hang is noticed by the
+# Recovery timeouts sized for CPU ranks (tests/trainer use them too): a hang is noticed by the
 # in-process watchdog after 6 s and its rank killed after 14 s; a gloo collective gives up after 4 s.
 HARD_TIMEOUT_S = 14
 FAST_RECOVERY = ["--soft_timeout", "6", "--hard_timeout", str(HARD_TIMEOUT_S), "--barrier_timeout",

@@ -14,14 +14,14 @@ from typing import Callable, Optional
 
 import pytest
 
+from devtools.demo import FAST_RECOVERY  # noqa: F401 (re-exported: the CPU recovery timeouts)
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 16
 INTERVAL = 4
 # A small, fast job: tiny LLaMA, short sequences; tight but safe recovery timeouts for CPU ranks.
 TINY = ["--model", "tiny", "--seq_len", "64", "--batch_size", "2", "--log_interval", "6",
         "--warmup_steps", "4"]
-FAST_RECOVERY = ["--soft_timeout", "6", "--hard_timeout", "14", "--barrier_timeout", "60",
-                 "--completion_timeout", "60", "--nccl_timeout", "4"]
 JOB_TIMEOUT = 240
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from config.contract import RecoveryMode
+from devtools.demo import runner_flags
 from tests.trainer.conftest import (FAST_RECOVERY, INTERVAL, STEPS, events, faults, faults_fired,
                                     first, ok, results, run_local)
 
@@ -18,10 +19,6 @@ CASES = {
     "ft_launcher": ("sigkill", "hang", "segfault"),
     "ft_launcher+inprocess": ("hang", "sigkill", "exception"),
 }
-LOCAL = {"baseline": ("--backoff_seconds", "0.5"),
-         "ft_launcher": ("--heartbeat_timeout", "8"),
-         "ft_launcher+inprocess": ("--heartbeat_timeout", "20"),
-         "inprocess": ()}
 
 
 @pytest.mark.parametrize("mode", list(CASES))
@@ -30,7 +27,7 @@ def test_mode_recovers_from_its_faults(cache_dir, reference, tmp_path, mode):
     run_dir = tmp_path / "run"
     flags = faults(*CASES[mode])
     proc = run_local(cache_dir, mode, run_dir, "--max_steps", str(STEPS), "--checkpoint_interval",
-                     str(INTERVAL), *FAST_RECOVERY, *flags, local_args=LOCAL[mode])
+                     str(INTERVAL), *FAST_RECOVERY, *flags, local_args=runner_flags(mode))
     ok(proc)
     res = results(run_dir)
     assert res["steps_completed"] == STEPS and res["mode"] == mode
