@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,8 @@ import torch.distributed as dist
 from trainer.recovery.phases import run_here, run_phase
 
 if TYPE_CHECKING:
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
     from trainer.durable.lease import Lease
     from trainer.durable.manager import CheckpointManager
     from trainer.snapshots import Snapshotter
@@ -36,7 +38,7 @@ class Kept:
     lease: Optional["Lease"] = None                    # rank 0: the checkpoint directory's lease
     leased: bool = False                               # the lease was taken (or waited for) once
     app_store: Optional[dist.Store] = None             # in-process: the trainer's own store
-    ft_client: Any = None                              # ft_launcher: NVRx's RankMonitorClient
+    ft_client: Optional["RankMonitorClient"] = None    # ft_launcher: the rank's heartbeats
 
 
 @dataclass
