@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from config.contract import RecoveryMode
-from devtools.local import mode_flags
+from devtools.local import EVERY_STEP_TIERS, mode_flags, tier_flags
 from trainer.config import ACTIVATION_CHECKPOINTING, SNAPSHOT_STAGING
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +153,6 @@ def _stop(proc: subprocess.Popen) -> None:
 
 DEVICE = "cuda"
 NODE_DIR: Optional[str] = None  # --node_dir of every run; None: the trainer's default
-TIERS = ["--tiers", "memory,node", "--snapshot_interval", "1"]  # a snapshot of every step
 NO_CHECKPOINT = ["--checkpoint_interval", "0", "--final_checkpoint", "false"]
 
 
@@ -235,15 +234,15 @@ def tiers(out: Path, model: str, nproc: int, batch: int, seq: int, interval: int
     for staging in SNAPSHOT_STAGING:
         name = f"ckpt-tiers-every{interval}-{staging}"
         res[name] = _versus(_train(name, out, "baseline", nproc, [
-            *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval), *TIERS,
-            "--snapshot_staging", staging], timeout=200), ref)
+            *base, "--max_steps", str(steps), "--checkpoint_interval", str(interval),
+            *EVERY_STEP_TIERS, "--snapshot_staging", staging], timeout=200), ref)
         _save(out, "tiers", res)
     return res
 
 
 PROFILE_VARIANTS = {"clean": NO_CHECKPOINT,
-                    "snapshots": [*TIERS, *NO_CHECKPOINT],
-                    "snapshots-write": [*TIERS, "--checkpoint_interval", "20"]}
+                    "snapshots": [*EVERY_STEP_TIERS, *NO_CHECKPOINT],
+                    "snapshots-write": [*EVERY_STEP_TIERS, "--checkpoint_interval", "20"]}
 
 
 def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
@@ -352,9 +351,8 @@ def recovery_local(mode: str) -> tuple[str, ...]:
 
 def _recovery_args(model: str, batch: int, seq: int, steps: int, data: Optional[str],
                    deterministic: bool, mode: str, staging: str = "host") -> list[str]:
-    # a mode that only the Job recovers is the published baseline: no tiers
-    extra = [*TIERS, "--snapshot_staging", staging] if RecoveryMode(mode).recovers_within_job \
-        else []
+    tiers = tier_flags(mode)
+    extra = [*tiers, "--snapshot_staging", staging] if tiers else []
     return [*_model_args(model, batch, seq, data), "--max_steps", str(steps),
             "--checkpoint_interval", str(steps // 4), *RECOVERY_TIMEOUTS, *extra,
             "--deterministic", "true" if deterministic else "false"]

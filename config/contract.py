@@ -166,16 +166,22 @@ def wrapper_store_port(master_port: int) -> int:
     return master_port + 1
 
 
+def _app_store_after(wrapper_port: int) -> int:
+    return wrapper_port + 1
+
+
 def app_store_port(master_port: int) -> int:
-    return master_port + 2
+    return _app_store_after(wrapper_store_port(master_port))
 
 
-def inprocess_port(environ: Mapping[str, str]) -> int:
-    """A rank's Wrapper store port: the launcher's INPROCESS_PORT_ENV, else the one that follows
-    MASTER_PORT (a rank started by torchrun directly)."""
+def inprocess_ports(environ: Mapping[str, str]) -> tuple[int, int]:
+    """A rank's (Wrapper store, application store) ports: after the launcher's
+    INPROCESS_PORT_ENV, else after MASTER_PORT (a rank started by torchrun directly)."""
     if INPROCESS_PORT_ENV in environ:
-        return int(environ[INPROCESS_PORT_ENV])
-    return wrapper_store_port(int(environ.get("MASTER_PORT", DEFAULT_MASTER_PORT)))
+        wrapper = int(environ[INPROCESS_PORT_ENV])
+    else:
+        wrapper = wrapper_store_port(int(environ.get("MASTER_PORT", DEFAULT_MASTER_PORT)))
+    return wrapper, _app_store_after(wrapper)
 
 
 # --- Snapshot tiers: host memory ----------------------------------------------------------------

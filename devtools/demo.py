@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from config.contract import RecoveryMode
 from devtools import report
-from devtools.local import mode_flags
+from devtools.local import mode_flags, tier_flags
 from trainer.config import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +38,6 @@ FAST_RECOVERY = ["--soft_timeout", "6", "--hard_timeout", str(HARD_TIMEOUT_S), "
                  "60", "--completion_timeout", "60", "--nccl_timeout", "4"]
 FAULTS = ["--fault_count", "3", "--fault_seed", "42", "--fault_after_step", "10",
           "--fault_types", "exception,hang", "--fault_type_weights", "0.6,0.4"]
-TIERS = ["--tiers", "memory,node", "--snapshot_interval", "1"]
 # Trainer and runner lines worth showing live; launcher chatter and tracebacks stay in the log.
 SHOW = re.compile(r"^(step |resumed |no checkpoint |done: |devtools\.local|rank[ =]\d)"
                   r"|: error: |training goodput|will restart worker group")
@@ -51,12 +49,6 @@ def runner_flags(mode: str) -> list[str]:
     when in-process restart is on."""
     return mode_flags(mode, HARD_TIMEOUT_S, backoff_seconds=0.5, heartbeat_floor=8.0,
                       heartbeat_margin=6.0)
-
-
-def with_tiers(mode: str, flags: Sequence[str]) -> list[str]:
-    """The NVRx modes also keep snapshots in host memory and on the node; a mode that only the Job
-    recovers is the published baseline, with durable checkpoints alone."""
-    return [*flags, *(TIERS if RecoveryMode(mode).recovers_within_job else [])]
 
 
 class DemoError(RuntimeError):
@@ -116,7 +108,7 @@ def recovery(out: Path, steps: int) -> int:
     paths = []
     for mode in MODES:
         run_dir = out / mode.replace("+", "-")
-        run_job(mode, mode, run_dir, runner_flags(mode), with_tiers(mode, flags), _timeout(steps))
+        run_job(mode, mode, run_dir, runner_flags(mode), [*flags, *tier_flags(mode)], _timeout(steps))
         paths.append(str(run_dir / "results.json"))
     print(f"\nrecovery: {steps} steps, checkpoint every {steps // 4}, the same 3 seeded faults")
     return report.main([*paths, "--out", str(out / "report")])

@@ -31,6 +31,7 @@ from trainer.recovery.launch import (LaunchSpec, build_command, check, default_h
 
 # Whole-job restarts by default where the Job is the only layer that recovers (baseline).
 JOB_RESTARTS = 10
+EVERY_STEP_TIERS = ("--tiers", "memory,node", "--snapshot_interval", "1")
 
 
 def free_port_block(count: int = PORTS_PER_JOB) -> int:
@@ -104,6 +105,13 @@ def mode_flags(mode: str, hard_timeout: float, *, backoff_seconds: float, heartb
         timeout = default_heartbeat_timeout(m, hard_timeout, heartbeat_floor, heartbeat_margin)
         out += ["--heartbeat_timeout", f"{timeout:g}"]
     return out
+
+
+def tier_flags(mode: str) -> list[str]:
+    """The tiers of a scripted run in `mode` (the demo, the benchmarks): a snapshot of every step
+    in host memory and on the node; a mode that only the Job recovers is the published baseline,
+    with durable checkpoints alone."""
+    return list(EVERY_STEP_TIERS) if RecoveryMode(mode).recovers_within_job else []
 
 
 def _trainer_args(args: argparse.Namespace, rest: list[str], run_dir: Path) -> list[str]:

@@ -58,10 +58,6 @@ class Deployment:
         return RecoveryMode(self.mode)
 
     @property
-    def uses_in_process(self) -> bool:
-        return self.recovery_mode.in_process
-
-    @property
     def workload(self) -> str:
         """'job' (one Indexed Job) or 'jobset' (a JobSet of one replicated Job)."""
         return self.profile.workload

@@ -49,9 +49,11 @@ def test_the_pods_open_the_ports_the_launcher_and_its_ranks_use(synthesis) -> No
     spec, trainer_args = parse([a.replace(f"$({naming.COMPLETION_INDEX_ENV})", "0")
                                 for a in synthesis.trainer["args"]])
     cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)
-    assert contract.inprocess_port(launch_env(spec, cfg, base={})) == naming.INPROCESS_WRAPPER_PORT
+    assert contract.inprocess_ports(launch_env(spec, cfg, base={})) == \
+        (naming.INPROCESS_WRAPPER_PORT, naming.INPROCESS_APP_PORT)
     # a rank started without our launcher follows MASTER_PORT
-    assert contract.inprocess_port({"MASTER_PORT": str(port)}) == naming.INPROCESS_WRAPPER_PORT
+    assert contract.inprocess_ports({"MASTER_PORT": str(port)}) == \
+        (naming.INPROCESS_WRAPPER_PORT, naming.INPROCESS_APP_PORT)
 
 
 def test_data_prep_args_are_accepted(synth_for, monkeypatch: pytest.MonkeyPatch) -> None:

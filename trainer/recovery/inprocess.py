@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from config.contract import inprocess_port
+from config.contract import inprocess_ports
 from trainer.accounting.events import EventLog
 from trainer.config import ConfigError, FinalError, TrainConfig
 from trainer.loop.distributed import DistEnv, dist_env
@@ -93,10 +93,10 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
         checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=timedelta(seconds=30)))
         _hold_nvml()
     health = _timed_checks(events, "health_check", inprocess.Compose(*checks))
-    base_port = inprocess_port(os.environ)
+    wrapper_port, app_port = inprocess_ports(os.environ)
     min_world = cfg.min_world_size or env.world_size
     wrapper = inprocess.Wrapper(
-        store_kwargs={"port": base_port, "timeout": timedelta(seconds=cfg.barrier_timeout)},
+        store_kwargs={"port": wrapper_port, "timeout": timedelta(seconds=cfg.barrier_timeout)},
         initialize=inprocess.initialize.RetryController(
             max_iterations=cfg.inprocess_max_restarts + 1, min_world_size=min_world),
         abort=inprocess.Compose(AbortTorchDistributed(), _record_abort(events)),
@@ -125,7 +125,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
     if restart_check is not None:  # NVRx 0.5+; its NVML checks fail on CPU ranks
         wrapper.restart_health_check = _timed_checks(
             events, "restart_health_check", restart_check if env.device.type == "cuda" else health)
-    return wrapper, base_port
+    return wrapper, app_port
 
 
 class Attempts:
@@ -158,7 +158,7 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
     """Train under the in-process Wrapper; returns the successful attempt's summary."""
     import nvidia_resiliency_ext.inprocess as inprocess
 
-    wrapper, base_port = build_wrapper(cfg, env0, events)
+    wrapper, app_port = build_wrapper(cfg, env0, events)
     base = hooks or Hooks()
 
     def attempt(call_wrapper: Optional[inprocess.CallWrapper] = None) -> dict:
@@ -168,7 +168,7 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
         events.emit("attempt_start", iteration=iteration)
         if base.kept.app_store is None:
             base.kept.app_store = torch.distributed.TCPStore(
-                os.environ["MASTER_ADDR"], base_port + 1, env.world_size, env.rank == 0,
+                os.environ["MASTER_ADDR"], app_port, env.world_size, env.rank == 0,
                 timeout=timedelta(seconds=cfg.barrier_timeout), wait_for_workers=False,
                 multi_tenant=True)
         store = torch.distributed.PrefixStore(f"attempt{iteration}", base.kept.app_store)
