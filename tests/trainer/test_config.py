@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.trainer.conftest import ROOT
+from tests.jobs import ROOT
 
 
 @pytest.mark.parametrize("args, fragment", [

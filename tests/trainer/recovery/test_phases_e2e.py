@@ -4,7 +4,7 @@ the final save costs neither a rewind nor the result. Real jobs, real NVRx, CPU 
 
 import pytest
 
-from tests.trainer.conftest import (FAST_RECOVERY, STEPS, events, faults, faults_fired, first, ok,
+from tests.jobs import (FAST_RECOVERY, STEPS, events, faults, faults_fired, first, ok,
                                     results, run_local)
 
 from trainer.faults.inject import POINT_FAULTS_ENV

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.trainer.conftest import ROOT
+from tests.jobs import ROOT
 from trainer.recovery.forkserver import PRELOAD
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from config.contract import RecoveryMode
 from devtools.demo import runner_flags
-from tests.trainer.conftest import (FAST_RECOVERY, INTERVAL, STEPS, events, faults, faults_fired,
+from tests.jobs import (FAST_RECOVERY, INTERVAL, STEPS, events, faults, faults_fired,
                                     first, ok, results, run_local)
 
 CASES = {

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.trainer.conftest import ROOT
+from tests.jobs import ROOT
 from devtools.report import (ReportError, main, plot_timeline, render_markdown, render_text,
                              table_rows, timeline)
 from trainer.accounting.goodput import summarize

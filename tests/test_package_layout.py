@@ -10,7 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEV_ONLY = {"devtools", "matplotlib", "pytest", "hypothesis", "aws_cdk", "cdk8s", "cdk8s_plus_35"}
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.trainer.conftest import (FAST_RECOVERY, ROOT, TINY, env_for, events, faults, kill_group,
+from tests.jobs import (FAST_RECOVERY, ROOT, TINY, env_for, events, faults, kill_group,
                                     ok, results, run_local, start_local, wait_for)
 
 TIERS = ["--tiers", "memory,node,peer", "--snapshot_interval", "1"]

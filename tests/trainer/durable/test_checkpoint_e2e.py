@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.trainer.conftest import (INTERVAL, STEPS, events, faults, first, kill_group, ok,
+from tests.jobs import (INTERVAL, STEPS, events, faults, first, kill_group, ok,
                                     results, run_local, samples_by_step, start_local, wait_for)
 from trainer.durable.store import MANIFEST, CheckpointStore, file_sha256, shard_name, step_dir_name
 

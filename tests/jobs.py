@@ -1,22 +1,20 @@
-"""Helpers for tests that run real multi-process jobs on CPU ranks (gloo)."""
+"""Helpers for tests that run real multi-process jobs on CPU ranks (gloo); their fixtures are in
+`tests/conftest.py`."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-import pytest
-
 from devtools.demo import FAST_RECOVERY  # noqa: F401 (re-exported: the CPU recovery timeouts)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 STEPS = 16
 INTERVAL = 4
 # A small, fast job: tiny LLaMA, short sequences; tight but safe recovery timeouts for CPU ranks.
@@ -24,11 +22,6 @@ TINY = ["--model", "tiny", "--seq_len", "64", "--batch_size", "2", "--log_interv
         "--warmup_steps", "4"]
 JOB_TIMEOUT = 240
 
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory) -> Path:
-    """Keeps the prepared local corpus out of the user's home, shared by all tests."""
-    return tmp_path_factory.mktemp("cache")
 
 
 def env_for(cache: Path) -> dict:
@@ -121,23 +114,6 @@ def ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
-@pytest.fixture(scope="session")
-def reference(cache_dir, tmp_path_factory) -> Callable[..., dict]:
-    """Fault-free results per (steps, nproc), computed once: the param_sha256 to match."""
-    memo: dict[tuple, dict] = {}
-
-    def get(steps: int = STEPS, nproc: int = 2, extra: tuple[str, ...] = ()) -> dict:
-        key = (steps, nproc, extra)
-        if key not in memo:
-            run_dir = tmp_path_factory.mktemp("reference")
-            ok(run_local(cache_dir, "baseline", run_dir, "--max_steps", str(steps),
-                         "--checkpoint_interval", str(INTERVAL), "--trace_samples", "true",
-                         *extra, nproc=nproc))
-            memo[key] = {**results(run_dir), "run_dir": run_dir}
-        return memo[key]
-
-    return get
-
 
 def faults(*kinds: str, steps: int = STEPS, after: int = 2, world: int = 2) -> list[str]:
     """Flags for a seeded schedule whose faults come in exactly this order of types, at least
@@ -170,19 +146,3 @@ def faults_fired(run_dir: Path) -> list[dict]:
 def first(es: list[dict], name: str, after: float = 0.0, rank: Optional[int] = None) -> Optional[dict]:
     return next((e for e in es if e["event"] == name and e["t"] >= after
                  and (rank is None or e["rank"] == rank)), None)
-
-
-@pytest.fixture(scope="module")
-def one_rank_group():
-    """A one-rank gloo process group in this process, for model and FSDP tests."""
-    import torch
-    import torch.distributed as dist
-
-    from trainer.loop.distributed import DistEnv
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield DistEnv(0, 1, 0, 1, torch.device("cpu"))
-    dist.destroy_process_group()

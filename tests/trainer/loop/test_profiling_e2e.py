@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.trainer.conftest import ok, results, run_local
+from tests.jobs import ok, results, run_local
 
 from trainer.loop.profiling import category, host_wait
 

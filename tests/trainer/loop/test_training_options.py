@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tests.trainer.conftest import ROOT
+from tests.jobs import ROOT
 from trainer.config import ConfigError, TrainConfig, accumulation_steps, validate
 from trainer.loop.model import PRESETS, flops_per_token, llama_config, preset_parameters
 

@@ -4,7 +4,7 @@ or a resume at another world size. Real jobs on CPU ranks (gloo)."""
 import math
 import shutil
 
-from tests.trainer.conftest import events, ok, results, run_local
+from tests.jobs import events, ok, results, run_local
 from trainer.durable.store import step_dir_name
 
 STEPS, SAVE_AT = 6, 3

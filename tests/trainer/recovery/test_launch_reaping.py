@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # The "launcher": starts a process that starts a grandchild and exits at once, orphaning it.
 # The grandchild records its parent and exits; the launcher then looks for zombies among the

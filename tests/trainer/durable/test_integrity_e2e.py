@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import events, kill_group, ok, run_local, start_local, wait_for
+from tests.jobs import events, kill_group, ok, run_local, start_local, wait_for
 from trainer.durable.store import CheckpointStore, file_sha256, step_dir_name
 
 

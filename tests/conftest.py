@@ -1,0 +1,51 @@
+"""Fixtures shared by the suite: the prepared corpus, fault-free reference runs, a one-rank group."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.jobs import INTERVAL, STEPS, ok, results, run_local
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """Keeps the prepared local corpus out of the user's home, shared by all tests."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def reference(cache_dir, tmp_path_factory) -> Callable[..., dict]:
+    """Fault-free results per (steps, nproc), computed once: the param_sha256 to match."""
+    memo: dict[tuple, dict] = {}
+
+    def get(steps: int = STEPS, nproc: int = 2, extra: tuple[str, ...] = ()) -> dict:
+        key = (steps, nproc, extra)
+        if key not in memo:
+            run_dir = tmp_path_factory.mktemp("reference")
+            ok(run_local(cache_dir, "baseline", run_dir, "--max_steps", str(steps),
+                         "--checkpoint_interval", str(INTERVAL), "--trace_samples", "true",
+                         *extra, nproc=nproc))
+            memo[key] = {**results(run_dir), "run_dir": run_dir}
+        return memo[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-rank gloo process group in this process, for model and FSDP tests."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer.loop.distributed import DistEnv
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield DistEnv(0, 1, 0, 1, torch.device("cpu"))
+    dist.destroy_process_group()
