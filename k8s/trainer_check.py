@@ -16,7 +16,8 @@ from k8s.errors import SynthError
 
 def check_trainer_args(dep: Deployment) -> None:
     """Parse and validate the trainer flags of `dep`; raise SynthError naming the problem."""
-    from trainer.config import ConfigError, TrainConfig, build_parser, validate
+    from trainer.config import TrainConfig, build_parser, validate
+    from trainer.errors import ConfigError
 
     parser = build_parser()
     where = f"profile {dep.profile.name!r} (mode {dep.mode})"

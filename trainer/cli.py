@@ -8,7 +8,8 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from trainer.config import ConfigError, FinalError, TrainConfig, parse_args
+from trainer.config import TrainConfig, parse_args
+from trainer.errors import ConfigError, FinalError
 from trainer.recovery.forkserver import forked_worker
 from trainer.recovery.launch import record_final_error
 

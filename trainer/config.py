@@ -18,6 +18,7 @@ from typing import NoReturn, Optional, Sequence
 
 from config.contract import MODE_NAMES as MODES  # one table of recovery modes
 from config.contract import RecoveryMode
+from trainer.errors import ConfigError
 
 FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom", "node")
 TIERS = ("memory", "node", "peer")
@@ -27,15 +28,6 @@ ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
 # Share of each snapshot's bytes that goes through device memory, by --snapshot_staging.
 STAGED_SHARE = {"host": 0.0, "device": 1.0, "split": 0.5}
 SNAPSHOT_STAGING = tuple(STAGED_SHARE)
-
-
-class ConfigError(ValueError):
-    """A bad flag value; the message names the value and what is allowed."""
-
-
-class FinalError(RuntimeError):
-    """An error that no restart can fix (a full disk, a diverged loss): the job ends with exit
-    code 2, which the local runner and the Job's pod failure policy never retry."""
 
 
 @dataclass

@@ -13,7 +13,8 @@ from typing import Callable, Optional
 import torch.distributed as dist
 
 from trainer.accounting.events import EventLog
-from trainer.config import STAGED_SHARE, ConfigError, TrainConfig
+from trainer.config import STAGED_SHARE, TrainConfig
+from trainer.errors import ConfigError
 from trainer.durable.lease import Lease, existing_lineage, lineage_id
 from trainer.durable.manager import CheckpointManager, warm_staging
 from trainer.durable.staging import Layout

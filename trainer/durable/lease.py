@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from trainer.atomic import create_json_exclusive, read_json, write_json_atomic
-from trainer.config import FinalError
+from trainer.errors import FinalError
 
 RUN_FILE = "RUN.json"
 LEASE_FILE = "LEASE.json"

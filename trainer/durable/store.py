@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from trainer.atomic import fsync_dir, write_json_atomic
-from trainer.config import FinalError
+from trainer.errors import FinalError
 
 STEP_DIR = re.compile(r"step_(\d{8})")
 MANIFEST = "MANIFEST.json"

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from trainer.accounting.events import EventLog
-from trainer.config import FinalError, TrainConfig, accumulation_steps
+from trainer.config import TrainConfig, accumulation_steps
+from trainer.errors import FinalError
 from trainer.durable.state import ensure_optimizer_state
 from trainer.faults.inject import FaultInjector, at_point
 from trainer.faults.schedule import schedule

@@ -24,7 +24,8 @@ import torch
 
 from config.contract import inprocess_ports
 from trainer.accounting.events import EventLog
-from trainer.config import ConfigError, FinalError, TrainConfig
+from trainer.config import TrainConfig
+from trainer.errors import ConfigError, FinalError
 from trainer.loop.distributed import DistEnv, dist_env
 from trainer.loop.hooks import Hooks
 from trainer.loop.train import run

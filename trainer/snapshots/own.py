@@ -26,7 +26,7 @@ import torch
 # The tiers' host-memory rule is part of the contract with the manifests (config/contract.py).
 from config.contract import PEER_SLOTS, own_slots, snapshot_bytes
 from trainer.atomic import read_json
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 from trainer.durable.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
 from trainer.snapshots.slot import Slot, buffers, own_files, stamp
 

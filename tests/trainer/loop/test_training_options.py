@@ -10,7 +10,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.jobs import ROOT
-from trainer.config import ConfigError, TrainConfig, accumulation_steps, validate
+from trainer.config import TrainConfig, accumulation_steps, validate
+from trainer.errors import ConfigError
 from trainer.loop.model import PRESETS, flops_per_token, llama_config, preset_parameters
 
 

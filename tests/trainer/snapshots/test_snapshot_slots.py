@@ -6,7 +6,7 @@ import torch
 
 from config.contract import own_slots, snapshot_bytes
 from trainer.accounting.events import EventLog
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 from trainer.durable.staging import HostBuffer, Layout
 from trainer.snapshots import Snapshotter, warm_slots
 

@@ -1,0 +1,13 @@
+"""The two kinds of error the recovery layers must tell apart from a fault, in a leaf module so
+that any part of the trainer can raise them without importing the configuration."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message names the value and what is allowed."""
+
+
+class FinalError(RuntimeError):
+    """An error that no restart can fix (a full disk, a diverged loss): the job ends with exit
+    code 2, which the local runner and the Job's pod failure policy never retry."""
