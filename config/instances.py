@@ -44,10 +44,6 @@ class InstanceSpec:
         return self.instance_type.split(".", 1)[0]
 
     @property
-    def nvme_total_gib(self) -> int:
-        return self.nvme_devices * self.nvme_device_gib
-
-    @property
     def cni_interfaces(self) -> int:
         """Interfaces the VPC CNI can use for pod IPs: those of card 0 not taken by the
         launch template's EFA-only interface there (the CNI only uses card 0)."""

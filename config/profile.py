@@ -148,7 +148,7 @@ class RecoverySettings(_Strict):
     backoff_limit: int = Field(default=10, ge=0)
     heartbeat_timeout_s: float = Field(default=300.0, gt=0)
     initial_heartbeat_timeout_s: float = Field(default=1200.0, gt=0)
-    monitor_interval_s: float = Field(default=0.3, gt=0)  # NVRx 0.7's default; was 1 s
+    monitor_interval_s: float = Field(default=0.3, gt=0)  # NVRx 0.7's default
     soft_timeout_s: float = Field(default=60.0, gt=0)
     hard_timeout_s: float = Field(default=90.0, gt=0)
     barrier_timeout_s: float = Field(default=120.0, gt=0)

@@ -16,7 +16,6 @@ from k8s.deployment import Deployment
 # Where the EFA installer puts aws-ofi-nccl in the Ubuntu image (the Dockerfile checks it exists).
 OFI_NCCL_LIB_DIR = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
 NCCL_TUNER_PLUGIN_PATH = f"{OFI_NCCL_LIB_DIR}/libnccl-ofi-tuner.so"
-NCCL_NET_PLUGIN_PATH = f"{OFI_NCCL_LIB_DIR}/libnccl-net-ofi.so"
 # The name aws-ofi-nccl registers its network under. NCCL_NET makes NCCL use that network or
 # fail at start-up: without it a missing or broken plugin silently falls back to TCP sockets.
 # The image's build-time smoke test reads this name out of the plugin (Dockerfile).

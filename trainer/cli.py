@@ -45,13 +45,13 @@ def exit_now(hooks, rank: Optional[int] = None) -> None:
     copies that have landed are committed first, a checkpoint being written never becomes
     visible, and the background writer dies with its parent.
     """
-    from trainer.keeper import StateKeeper
+    from trainer.tiers import Tiers
 
     if rank is not None:
         from trainer.recovery import failfast
 
         failfast.announce(rank)
-    StateKeeper.abandon(hooks.kept)
+    Tiers.abandon(hooks.process)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"python -m trainer: error: {exc}", file=sys.stderr)
         return 2
     events.emit("imported")
-    from trainer.keeper import StateKeeper
+    from trainer.tiers import Tiers
     from trainer.loop.hooks import Hooks
     from trainer.loop.train import run
 
@@ -141,7 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from trainer.recovery.heartbeat import detach_heartbeat
 
             detach_heartbeat(hooks)
-        StateKeeper.release(hooks.kept, failed)
+        Tiers.release(hooks.process, failed)
         if dist.is_initialized():
             dist.destroy_process_group()
     if env.rank == 0:

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
@@ -86,8 +86,6 @@ class TrainConfig:
     fault_type_weights: tuple[float, ...] = ()
     fault_after_step: int = 10
     fault_probability: float = 0.0
-    # derived, not flags
-    extra: dict = field(default_factory=dict, repr=False)
 
     @property
     def output_dir(self) -> Optional[Path]:
@@ -115,9 +113,7 @@ class TrainConfig:
         return min(60.0, self.hard_timeout * 2 / 3) if self.inprocess else 60.0
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("extra")
-        return d
+        return dataclasses.asdict(self)
 
 
 def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:

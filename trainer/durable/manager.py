@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from trainer.accounting.events import EventLog
 from trainer.atomic import read_json, write_json_atomic
-from trainer.durable.staging import HostBuffer, Layout, host_copy_stream
+from trainer.buffers import HostBuffer, Layout, host_copy_stream
 from trainer.durable.state import local_tensors, restore, shard_layout
 from trainer.durable.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
                                    MANIFEST, StorageError, error_file, follow_worker, step_dir_name,
@@ -54,10 +54,10 @@ def warm_staging(root: Path, rank: int, pin: bool) -> None:
 
 class CheckpointManager:
     def __init__(self, checkpoint_dir: str, *, rank: int, world_size: int, device: torch.device,
-                 use_async: bool, keep: int, timeout_s: float, events: EventLog,
+                 use_async: bool, retain: int, timeout_s: float, events: EventLog,
                  node_root: Path, keepalive: Callable[[], None] = lambda: None,
                  log: Callable[[str], None] = print):
-        self.store = CheckpointStore(checkpoint_dir, keep=keep, warn=log)
+        self.store = CheckpointStore(checkpoint_dir, retain=retain, warn=log)
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -82,7 +82,7 @@ class CheckpointManager:
     def rejoin(self, rank: int, world_size: int, keepalive: Callable[[], None]) -> None:
         """A new in-process attempt: an earlier attempt's write goes on (a dead writer is
         dropped), and ranks may have been reassigned."""
-        self.settle()
+        self._recheck_writer()
         self.rank, self.world_size = rank, world_size
         self.keepalive = keepalive
 
@@ -98,16 +98,16 @@ class CheckpointManager:
     def _staging_for(self, layout: Layout) -> HostBuffer:
         if self._buffer is None or self._buffer.layout != layout:
             if self._buffer is not None:
-                self._close_buffer(unlink=True)
+                self._close_buffer(delete=True)
             path = staging_path(self.node_root, self.rank)
             self._buffer = HostBuffer.open(path, layout, pin=self.device.type == "cuda")
             write_json_atomic(path.with_suffix(".json"), layout.to_json())  # for warm_staging
             self.stats.bytes_per_rank = layout.total_bytes
         return self._buffer
 
-    def _close_buffer(self, unlink: bool) -> None:
-        self._buffer.close(unlink=unlink)
-        if unlink:
+    def _close_buffer(self, delete: bool) -> None:
+        self._buffer.close(delete=delete)
+        if delete:
             self._buffer.path.with_suffix(".json").unlink(missing_ok=True)
         self._buffer = None
 
@@ -301,7 +301,7 @@ class CheckpointManager:
                 self.keepalive()
                 time.sleep(0.01)
 
-    def settle(self) -> None:
+    def _recheck_writer(self) -> None:
         """After an in-process restart: a background write of the failed attempt goes on (its
         buffer is pinned) and is committed by the usual polling; a dead writer is dropped."""
         try:
@@ -338,17 +338,17 @@ class CheckpointManager:
             self._commit_pending()
         self.events.emit("ckpt_drain", seconds=time.perf_counter() - t0)
 
-    def close(self, abort: bool = False) -> None:
-        """Stop the writer and unmap the staging buffer. After a failure (`abort`) the buffer's
-        file stays on the node: the next process of this rank maps it again instead of
-        touching gigabytes of fresh pages (about 4 s for 7.4 GB) while every rank waits."""
-        if self._committing is not None and not abort:
+    def close(self, failed: bool = False) -> None:
+        """Stop the writer and unmap the staging buffer. After a failure the writer is stopped at
+        once and the buffer's file stays on the node: the next process of this rank maps it
+        again instead of touching gigabytes of fresh pages while every rank waits."""
+        if self._committing is not None and not failed:
             self._committing.join()
         if self._writer is not None:
-            self._writer.close(abort=abort)
+            self._writer.close(abort=failed)
             self._writer = None
         if self._buffer is not None:
-            self._close_buffer(unlink=not abort)
+            self._close_buffer(delete=not failed)
         self._in_flight = None
 
     # -- restoring ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 import torch
 from torch.distributed.tensor import DTensor
 
-from trainer.durable.staging import dtype_name
+from trainer.buffers import dtype_name
 
 OPTIM_KEYS = ("exp_avg", "exp_avg_sq")
 

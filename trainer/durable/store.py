@@ -228,7 +228,7 @@ def _os_error(exc: BaseException) -> Optional[OSError]:
 def _write_shard(req: ShardWrite) -> dict:
     import torch
 
-    from trainer.durable.staging import Layout, map_file
+    from trainer.buffers import Layout, map_file
 
     t0 = time.time()
     out = Path(req.out_dir)
@@ -272,9 +272,9 @@ class LoadedShard:
 class CheckpointStore:
     """The directory protocol: commit, discovery, verification, retention. No torch.distributed."""
 
-    def __init__(self, root: str | Path, keep: int = 2, warn: Callable[[str], None] = print):
+    def __init__(self, root: str | Path, retain: int = 2, warn: Callable[[str], None] = print):
         self.root = Path(root)
-        self.keep = keep
+        self.retain = retain
         self.warn = warn
 
     # -- discovery ---------------------------------------------------------------------------
@@ -379,9 +379,9 @@ class CheckpointStore:
         return done
 
     def prune(self) -> None:
-        """Keep the newest `keep` committed checkpoints; drop abandoned partial ones below them."""
+        """Keep the newest `retain` committed checkpoints; drop abandoned partial ones below them."""
         committed = self.committed()
-        keep_from = committed[-self.keep][0] if len(committed) >= self.keep else -1
+        keep_from = committed[-self.retain][0] if len(committed) >= self.retain else -1
         newest = committed[-1][0] if committed else -1
         for step, path in self.step_dirs():
             done = (path / MANIFEST).is_file()
@@ -417,7 +417,7 @@ class CheckpointStore:
             obj = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # a corrupt zip raises many different types
             raise CheckpointError(f"{f}: cannot be loaded ({type(exc).__name__}: {exc})") from None
-        from trainer.durable.staging import Layout
+        from trainer.buffers import Layout
 
         tensors = Layout.from_json(obj["layout"]).views(obj["flat"])
         return LoadedShard(tensors, obj["meta"], obj["layout"], entry["bytes"])

@@ -238,30 +238,25 @@ class FeistelPermutation:
         return x
 
 
-ORDER = "feistel-v1"      # the sample order this code produces
-LEGACY_ORDER = "numpy-v0"  # checkpoints without an "order" field: a materialized permutation
+ORDER = "feistel-v1"  # the sample order this code produces, named in every sampler state
 
 
 class GlobalSampler:
     """Deterministic order over all ranks; `cursor` counts samples consumed globally.
 
     Each epoch's order is a Feistel permutation keyed by (seed, epoch), computed index by index,
-    so a (re)start costs the same at any dataset size. The order's name is part of the state:
-    a checkpoint written with the older materialized permutation continues in that order.
+    so a (re)start costs the same at any dataset size. The order's name is part of the state,
+    so a checkpoint of another order is refused instead of continuing in a different order.
     """
 
     def __init__(self, num_samples: int, seed: int, cursor: int = 0):
         self.num_samples = num_samples
         self.seed = seed
         self.cursor = cursor
-        self.order = ORDER
         self._epoch: Optional[int] = None
         self._perm = None
 
-    def _permutation(self, epoch: int):
-        if self.order == LEGACY_ORDER:
-            table = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
-            return lambda i: int(table[i])
+    def _permutation(self, epoch: int) -> "FeistelPermutation":
         key = _mix64((self.seed & _MASK64) ^ _mix64(epoch + 0x9E3779B97F4A7C15))
         return FeistelPermutation(self.num_samples, key)
 
@@ -281,7 +276,7 @@ class GlobalSampler:
 
     def state_dict(self) -> dict:
         return {"cursor": self.cursor, "seed": self.seed, "num_samples": self.num_samples,
-                "order": self.order}
+                "order": ORDER}
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_samples"] != self.num_samples or state["seed"] != self.seed:
@@ -289,11 +284,9 @@ class GlobalSampler:
                 f"checkpoint data position is for {state['num_samples']} samples / seed "
                 f"{state['seed']}, but this run has {self.num_samples} / {self.seed}: the "
                 "dataset, --seq_len or --seed changed")
-        order = state.get("order", LEGACY_ORDER)
-        if order not in (ORDER, LEGACY_ORDER):
-            raise ValueError(f"checkpoint sample order {order!r} is unknown; this trainer "
-                             f"reads {ORDER} and {LEGACY_ORDER}")
-        self.order = order
+        if state.get("order") != ORDER:
+            raise ValueError(f"checkpoint sample order {state.get('order')!r} is not {ORDER!r}, "
+                             "the only order this trainer reads")
         self._epoch, self._perm = None, None
         self.cursor = int(state["cursor"])
 

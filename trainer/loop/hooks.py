@@ -3,7 +3,7 @@
 The loop (`train.run`) is one attempt. The recovery layers around it (in-process restart,
 ft_launcher's heartbeats) reach it only through a `Hooks`; the objects an in-process restart
 must find again (the tiers' buffers and writer, the directory's lease, the layers' own clients)
-live in its `Kept`, one per process.
+live in its `ProcessState`, one per process.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class Kept:
+class ProcessState:
     """The objects that outlive an attempt, typed: one per process, shared by its attempts."""
 
     checkpoints: Optional["CheckpointManager"] = None  # the durable tier and its writer process
@@ -51,13 +51,13 @@ class Hooks:
     on_ready: list[Callable[[], None]] = field(default_factory=list)   # training is about to start
     meta: dict[str, Callable[[], dict]] = field(default_factory=dict)  # saved with checkpoints
     on_restore: dict[str, Callable[[dict], None]] = field(default_factory=dict)
-    kept: Kept = field(default_factory=Kept)
+    process: ProcessState = field(default_factory=ProcessState)
     steps_done: int = 0                          # training steps this attempt queued
     _last_alive: float = 0.0
 
     def for_attempt(self, iteration: int, store: dist.Store, ping: Callable[[], None]) -> "Hooks":
         """An in-process attempt's hooks: its own store, counters and wrapper ping; the same
-        callbacks and kept objects."""
+        callbacks and process state."""
         return dataclasses.replace(self, store=store, iteration=iteration,
                                    keepalive=[*self.keepalive, ping], steps_done=0,
                                    _last_alive=0.0)

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from trainer.durable.staging import host_copy_stream
+from trainer.buffers import host_copy_stream
 
 
 @dataclass
@@ -97,7 +97,7 @@ class StepReadback:
             rec.done = time.time()
         self._queue.append(rec)
 
-    def settle(self) -> list[StepRecord]:
+    def wait_all(self) -> list[StepRecord]:
         """Wait until every queued step's figures are on the host, without taking them from the
         queue: a durable save checks them first, `ready` still reports them in order."""
         for rec in self._queue:
@@ -105,12 +105,12 @@ class StepReadback:
                 self._wait(self.device, rec.copied)
         return list(self._queue)
 
-    def ready(self, keep: int = 1) -> list[StepRecord]:
-        """Completed records, oldest first; on a GPU the newest `keep` stay in flight."""
+    def ready(self, in_flight: int = 1) -> list[StepRecord]:
+        """Completed records, oldest first; on a GPU the newest `in_flight` stay in flight."""
         if self.device.type != "cuda":
-            keep = 0
+            in_flight = 0
         out = []
-        while len(self._queue) > keep:
+        while len(self._queue) > in_flight:
             rec = self._queue.popleft()
             if rec.copied is not None:
                 self._wait(self.device, rec.copied)

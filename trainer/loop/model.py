@@ -150,11 +150,11 @@ class SafetensorsRows:
 def optimizer_groups(model: "torch.nn.Module", weight_decay: float) -> list[dict]:
     """AdamW parameter groups: matrices decay; norms, biases and other 1-D parameters do not
     (Megatron's and nanoGPT's choice: decaying a norm's gain only pulls it away from 1)."""
-    decay, keep = [], []
+    decay, no_decay = [], []
     for p in model.parameters():
-        (decay if p.dim() >= 2 else keep).append(p)
+        (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": keep, "weight_decay": 0.0}]
+              {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
 

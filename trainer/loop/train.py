@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
@@ -21,11 +22,10 @@ from torch.distributed.tensor import DTensor
 
 from trainer.accounting.events import EventLog
 from trainer.config import TrainConfig, accumulation_steps
-from trainer.errors import FinalError
 from trainer.durable.state import ensure_optimizer_state
+from trainer.errors import FinalError
 from trainer.faults.inject import FaultInjector, at_point
 from trainer.faults.schedule import schedule
-from trainer.keeper import StateKeeper
 from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.loop.determinism import make_deterministic
 from trainer.loop.distributed import DistEnv, init_process_group
@@ -34,7 +34,8 @@ from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, d
 from trainer.loop.parallel import build_sharded_model
 from trainer.loop.profiling import StepProfiler, profile_line
 from trainer.loop.weights import full_param_sha256, initialize_weights
-from trainer.recovery.phases import settle as settle_phases
+from trainer.recovery.phases import join_interrupted
+from trainer.tiers import Tiers
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -138,10 +139,23 @@ def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, g
     return torch.stack([loss, grad_norm.detach().to(loss.dtype)])
 
 
-def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log):
-    """Process group, model, optimizer and the state keeper, restored to the newest state every
-    rank can get. (The process group too: its rendezvous waits for the slowest rank.)"""
-    StateKeeper.warm(cfg, env)
+@dataclass
+class Built:
+    """What an attempt's start-up builds, restored to the newest state every rank can get."""
+
+    data: TokenDataset
+    model_config: object  # transformers' LlamaConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    tiers: Tiers
+    faults: FaultInjector
+    meta: Optional[dict]  # the restored state's meta; None: a fresh start
+
+
+def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log) -> Built:
+    """Process group, model, optimizer and the tiers, restored to the newest state every rank
+    can get. (The process group too: its rendezvous waits for the slowest rank.)"""
+    Tiers.warm(cfg, env)
     init_process_group(env, cfg.collective_timeout(env.device.type), hooks.store)
     events.emit("pg_ready", iteration=hooks.iteration)
     t0 = time.perf_counter()
@@ -170,23 +184,23 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
                     attempt=hooks.iteration)
     point("model")
     t0 = time.perf_counter()
-    keeper = StateKeeper(cfg, env, events, hooks.kept, hooks.alive, log)
-    keeper_s = time.perf_counter() - t0
+    tiers = Tiers(cfg, env, events, hooks.process, hooks.alive, log)
+    tiers_s = time.perf_counter() - t0
     # Before the restore's collectives: a node fault right after them finds every rank's pid.
     faults = FaultInjector(
         schedule(cfg.fault_seed, cfg.fault_count, cfg.fault_after_step, cfg.max_steps,
                  env.world_size, cfg.fault_types, cfg.fault_type_weights or None),
         env.rank, Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None, events,
         env.device.type, cfg.fault_probability, cfg.fault_types, cfg.fault_type_weights or None,
-        keeper.node_root)
-    seconds = keeper.prepare(model, optimizer)
+        tiers.node_root)
+    seconds = tiers.prepare(model, optimizer)
     point("buffers")
-    events.emit("buffers_ready", iteration=hooks.iteration, keeper_s=keeper_s, **seconds)
-    meta = keeper.restore(model, optimizer)
+    events.emit("buffers_ready", iteration=hooks.iteration, tiers_s=tiers_s, **seconds)
+    meta = tiers.restore(model, optimizer)
     if meta is None:
         initialize_weights(model, cfg.model, cfg.seed, n_params * 4)
     point("restore")
-    return data, model_config, model, optimizer, keeper, faults, meta
+    return Built(data, model_config, model, optimizer, tiers, faults, meta)
 
 
 def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks] = None) -> dict:
@@ -195,121 +209,137 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     log = Rank0Log(env.rank)
     if cfg.deterministic:
         make_deterministic()
-    settle_phases(cfg.startup_timeout, hooks.alive)
-    data, model_config, model, optimizer, keeper, faults, meta = hooks.phase(
-        "startup", lambda: _build(cfg, env, events, hooks, log), cfg.startup_timeout, env.device)
-    from trainer.loop.model import flops_per_token
-
-    sampler = GlobalSampler(len(data), cfg.seed)
-    step, last_loss = 0, 0.0
-    global_batch = cfg.global_batch_size or cfg.batch_size * env.world_size
-    if meta is not None:
-        step, last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
-        saved_batch = int(meta.get("global_batch_size") or global_batch)
-        if cfg.global_batch_size and saved_batch != cfg.global_batch_size:
-            log(f"--global_batch_size {cfg.global_batch_size} replaces the checkpoint's "
-                f"{saved_batch}")
-        global_batch = cfg.global_batch_size or saved_batch
-        sampler.load_state_dict(meta["sampler"])
-        set_rng_state(meta["rng"], env.device)
-        for key, fn in hooks.on_restore.items():
-            if key in meta:
-                fn(meta[key])
-        log(f"resumed from step {step} ({cfg.checkpoint_dir})")
-    elif cfg.checkpoint_dir:
-        log(f"no checkpoint in {cfg.checkpoint_dir}: starting from step 0")
-
+    join_interrupted(cfg.startup_timeout, hooks.alive)
+    built = hooks.phase("startup", lambda: _build(cfg, env, events, hooks, log),
+                        cfg.startup_timeout, env.device)
+    loop = Loop(cfg, env, events, hooks, built, log)
     for fn in hooks.on_ready:
         fn()
-    events.emit("train_start", step=step, iteration=hooks.iteration)
-    # The global batch is what the optimizer sees; it survives any change of world size.
-    accum = accumulation_steps(global_batch, cfg.batch_size, env.world_size) \
-        if step < cfg.max_steps else 1
-    tokens_per_step = global_batch * cfg.seq_len
-    perf = Throughput(flops_per_token(model_config, cfg.seq_len), peak_flops(env.device),
-                      tokens_per_step, env.world_size, device_name(env.device))
-    readback = StepReadback(env.device, wait_for_device)
-    profiler = StepProfiler(cfg.profile_from, cfg.profile_steps,
-                            cfg.output_dir / "profile" if cfg.output_dir else None,
-                            env.rank, env.device)
-    window = Window(time.perf_counter())
-
-    def state_meta(at_step: int) -> dict:
-        # The newest loss already on the host (on a GPU, one step older than the state).
-        return _meta(at_step, sampler, env, hooks, last_loss, global_batch)
-
-    def verify(rec: StepRecord) -> None:
-        if not (math.isfinite(rec.loss) and math.isfinite(rec.grad_norm)):
-            keeper.discard_snapshots_from(rec.step)  # never a resume point
-            check_finite(rec.step, rec.loss, rec.grad_norm)
-
-    def report(rec: StepRecord) -> None:
-        nonlocal last_loss
-        verify(rec)
-        last_loss = rec.loss
-        perf.add(rec.dt)
-        if env.rank == 0:
-            events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall, loss=rec.loss,
-                        grad_norm=rec.grad_norm, done=rec.done)
-        if cfg.trace_samples:
-            events.emit("samples", step=rec.step, indices=rec.indices)
-        window.add(rec)
-        if rec.step % cfg.log_interval == 0 or rec.step == cfg.max_steps:
-            log(window.line(rec.step, cfg.max_steps, perf))
-            window.reset(time.perf_counter())
-
-    def one_step() -> StepRecord:
-        rec = readback.begin(step + 1, lr_at(step, cfg))
-        micro = []
-        for _ in range(accum):
-            indices = sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
-            rec.indices.extend(indices)
-            micro.append(to_device(np.stack([data.sample(i) for i in indices]), env.device))
-        stats = train_step(model, optimizer, micro, rec.lr, cfg.grad_clip, env.world_size,
-                           tokens_per_step, keeper.fence)
-        readback.queue(rec, stats)
-        return rec
-
-    while step < cfg.max_steps:
-        faults.at_step(step + 1)
-        profiler.before(step + 1)
-        if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: bounded
-            rec = hooks.phase_here("first_step", one_step, cfg.startup_timeout)
-        else:
-            rec = one_step()
-        step += 1
-        if (profile := profiler.after(step)) is not None:
-            log(profile_line(profile, profiler.out_dir))
-        hooks.steps_done += 1
-        hooks.alive()
-        if keeper.saves_durably(step):  # only verified steps reach the durable tier
-            for pending in readback.settle():
-                verify(pending)
-        rec.stall = keeper.after_step(step, model, optimizer, state_meta)
-        for done in readback.ready():  # on a GPU: the previous step, while this one runs
-            report(done)
-    for done in readback.ready(keep=0):
-        report(done)
-
-    def finish() -> dict:
-        # The hash's all-gathers come first: in keeper.finish, rank 0 publishes the final
-        # checkpoint after the last collective, so no rank waits for that in a collective.
-        param_sha256 = full_param_sha256(model)
-        keeper.finish(step, model, optimizer, state_meta)
-        faults.close()
-        return {"steps_completed": step, "final_loss": last_loss,
-                "param_sha256": param_sha256, "global_batch_size": global_batch,
-                "accumulation_steps": accum, **perf.summary(), **keeper.stats()}
-
-    summary = hooks.phase("final", finish, cfg.checkpoint_timeout + cfg.startup_timeout, env.device)
+    events.emit("train_start", step=loop.step, iteration=hooks.iteration)
+    loop.train()
+    summary = hooks.phase("final", loop.finish, cfg.checkpoint_timeout + cfg.startup_timeout,
+                          env.device)
     events.emit("train_end", **summary)
     return summary
 
 
-def _meta(step: int, sampler: GlobalSampler, env: DistEnv, hooks: Hooks, loss: float,
-          global_batch: int) -> dict:
-    """Everything besides tensors that a resume needs; JSON-able (snapshot headers are JSON)."""
-    meta = {"step": step, "sampler": sampler.state_dict(), "rng": rng_state(env.device),
-            "loss": loss, "global_batch_size": global_batch, "saved_at": time.time()}
-    meta.update({key: fn() for key, fn in hooks.meta.items()})
-    return meta
+class Loop:
+    """One attempt's training state (step, data position, newest loss) and its step loop."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks,
+                 built: Built, log: Rank0Log):
+        from trainer.loop.model import flops_per_token
+
+        self.cfg, self.env, self.events, self.hooks, self.log = cfg, env, events, hooks, log
+        self.data, self.model, self.optimizer = built.data, built.model, built.optimizer
+        self.tiers, self.faults = built.tiers, built.faults
+        self.sampler = GlobalSampler(len(self.data), cfg.seed)
+        self.step, self.last_loss = 0, 0.0
+        self.global_batch = cfg.global_batch_size or cfg.batch_size * env.world_size
+        if built.meta is not None:
+            self._resume(built.meta)
+        elif cfg.checkpoint_dir:
+            log(f"no checkpoint in {cfg.checkpoint_dir}: starting from step 0")
+        # The global batch is what the optimizer sees; it survives any change of world size.
+        self.accum = accumulation_steps(self.global_batch, cfg.batch_size, env.world_size) \
+            if self.step < cfg.max_steps else 1
+        self.tokens_per_step = self.global_batch * cfg.seq_len
+        self.perf = Throughput(flops_per_token(built.model_config, cfg.seq_len),
+                               peak_flops(env.device), self.tokens_per_step, env.world_size,
+                               device_name(env.device))
+        self.readback = StepReadback(env.device, wait_for_device)
+        self.profiler = StepProfiler(cfg.profile_from, cfg.profile_steps,
+                                     cfg.output_dir / "profile" if cfg.output_dir else None,
+                                     env.rank, env.device)
+        self.window = Window(time.perf_counter())
+
+    def _resume(self, meta: dict) -> None:
+        cfg = self.cfg
+        self.step, self.last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
+        saved_batch = int(meta.get("global_batch_size") or self.global_batch)
+        if cfg.global_batch_size and saved_batch != cfg.global_batch_size:
+            self.log(f"--global_batch_size {cfg.global_batch_size} replaces the checkpoint's "
+                     f"{saved_batch}")
+        self.global_batch = cfg.global_batch_size or saved_batch
+        self.sampler.load_state_dict(meta["sampler"])
+        set_rng_state(meta["rng"], self.env.device)
+        for key, fn in self.hooks.on_restore.items():
+            if key in meta:
+                fn(meta[key])
+        self.log(f"resumed from step {self.step} ({cfg.checkpoint_dir})")
+
+    def train(self) -> None:
+        """Steps to max_steps, each reported one step later, when its figures are on the host."""
+        cfg, hooks = self.cfg, self.hooks
+        while self.step < cfg.max_steps:
+            self.faults.at_step(self.step + 1)
+            self.profiler.before(self.step + 1)
+            if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: bounded
+                rec = hooks.phase_here("first_step", self.one_step, cfg.startup_timeout)
+            else:
+                rec = self.one_step()
+            self.step += 1
+            if (profile := self.profiler.after(self.step)) is not None:
+                self.log(profile_line(profile, self.profiler.out_dir))
+            hooks.steps_done += 1
+            hooks.alive()
+            if self.tiers.saves_durably(self.step):  # only verified steps reach the durable tier
+                for pending in self.readback.wait_all():
+                    self.verify(pending)
+            rec.stall = self.tiers.after_step(self.step, self.model, self.optimizer, self.meta)
+            for done in self.readback.ready():  # on a GPU: the previous step, while this one runs
+                self.report(done)
+        for done in self.readback.ready(in_flight=0):
+            self.report(done)
+
+    def one_step(self) -> StepRecord:
+        cfg, env = self.cfg, self.env
+        rec = self.readback.begin(self.step + 1, lr_at(self.step, cfg))
+        micro = []
+        for _ in range(self.accum):
+            indices = self.sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
+            rec.indices.extend(indices)
+            micro.append(to_device(np.stack([self.data.sample(i) for i in indices]), env.device))
+        stats = train_step(self.model, self.optimizer, micro, rec.lr, cfg.grad_clip,
+                           env.world_size, self.tokens_per_step, self.tiers.fence)
+        self.readback.queue(rec, stats)
+        return rec
+
+    def verify(self, rec: StepRecord) -> None:
+        if not (math.isfinite(rec.loss) and math.isfinite(rec.grad_norm)):
+            self.tiers.discard_snapshots_from(rec.step)  # never a resume point
+            check_finite(rec.step, rec.loss, rec.grad_norm)
+
+    def report(self, rec: StepRecord) -> None:
+        self.verify(rec)
+        self.last_loss = rec.loss
+        self.perf.add(rec.dt)
+        if self.env.rank == 0:
+            self.events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall, loss=rec.loss,
+                             grad_norm=rec.grad_norm, done=rec.done)
+        if self.cfg.trace_samples:
+            self.events.emit("samples", step=rec.step, indices=rec.indices)
+        self.window.add(rec)
+        if rec.step % self.cfg.log_interval == 0 or rec.step == self.cfg.max_steps:
+            self.log(self.window.line(rec.step, self.cfg.max_steps, self.perf))
+            self.window.reset(time.perf_counter())
+
+    def meta(self, at_step: int) -> dict:
+        """Everything besides tensors that a resume needs; JSON-able (snapshot headers are
+        JSON). The loss is the newest one on the host (on a GPU, one step older than the state)."""
+        meta = {"step": at_step, "sampler": self.sampler.state_dict(),
+                "rng": rng_state(self.env.device), "loss": self.last_loss,
+                "global_batch_size": self.global_batch, "saved_at": time.time()}
+        meta.update({key: fn() for key, fn in self.hooks.meta.items()})
+        return meta
+
+    def finish(self) -> dict:
+        """The final checkpoint and this rank's summary. The hash's all-gathers come first: in
+        tiers.finish, rank 0 publishes the final checkpoint after the last collective, so no
+        rank waits for that in a collective."""
+        param_sha256 = full_param_sha256(self.model)
+        self.tiers.finish(self.step, self.model, self.optimizer, self.meta)
+        self.faults.close()
+        return {"steps_completed": self.step, "final_loss": self.last_loss,
+                "param_sha256": param_sha256, "global_batch_size": self.global_batch,
+                "accumulation_steps": self.accum, **self.perf.summary(), **self.tiers.stats()}

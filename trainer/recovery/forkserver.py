@@ -1,7 +1,7 @@
 """ft_launcher whose workers are forked from a process that has already imported the trainer.
 
-A restarted worker spent about 9 s of a 20 s ft_launcher restart on imports: torch with its
-distributed packages 5.5 s, transformers 3.5 s (BENCHMARKS.md section 6). ft_launcher can start
+A fresh interpreter spends seconds on imports (torch with its distributed packages, then
+transformers: about 9 s on an H200 host, BENCHMARKS.md), on every restart. ft_launcher can start
 its workers as functions (`--run-path`) through multiprocessing's fork server: one process per
 node imports `PRELOAD` once, and each worker of each restart is forked from it with those modules
 in place. The fork server never initializes CUDA (a forked CUDA context is unusable), and none of
@@ -23,9 +23,9 @@ from pathlib import Path
 # What a worker imports before its first step; a module missing here is imported by each worker.
 PRELOAD = (
     "trainer.recovery.worker_groups",  # first: the server's forks get process groups of their own
-    "trainer.cli", "trainer.keeper", "trainer.loop.train", "trainer.loop.model",
+    "trainer.cli", "trainer.tiers", "trainer.loop.train", "trainer.loop.model",
     "trainer.loop.parallel", "trainer.loop.data", "trainer.durable.manager",
-    "trainer.durable.staging", "trainer.snapshots", "trainer.recovery.heartbeat",
+    "trainer.buffers", "trainer.snapshots", "trainer.recovery.heartbeat",
     "trainer.recovery.failfast", "trainer.recovery.inprocess", "trainer.faults.inject",
     "trainer.accounting.goodput",
     "transformers.models.llama.modeling_llama",

@@ -23,14 +23,14 @@ def attach_heartbeat(hooks: Hooks, events: EventLog) -> None:
     hooks.keepalive.append(client.send_heartbeat)
     hooks.meta["ft_client"] = client.state_dict
     hooks.on_restore["ft_client"] = client.load_state_dict
-    hooks.kept.ft_client = client
+    hooks.process.ft_client = client
 
 
 def detach_heartbeat(hooks: Hooks) -> None:
     """Stop the rank monitor's clock once this worker is done. A forked worker outlives its
     training (multiprocessing ends it only once every worker has returned), and a rank that
     is silent past the heartbeat timeout would get the job restarted."""
-    client, hooks.kept.ft_client = hooks.kept.ft_client, None
+    client, hooks.process.ft_client = hooks.process.ft_client, None
     if client is not None:
         with contextlib.suppress(Exception):  # a monitor that is gone: nothing to tell
             client.shutdown_workload_monitoring()

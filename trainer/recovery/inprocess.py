@@ -167,12 +167,12 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
         events.rank = env.rank
         iteration = call_wrapper.iteration if call_wrapper else 0
         events.emit("attempt_start", iteration=iteration)
-        if base.kept.app_store is None:
-            base.kept.app_store = torch.distributed.TCPStore(
+        if base.process.app_store is None:
+            base.process.app_store = torch.distributed.TCPStore(
                 os.environ["MASTER_ADDR"], app_port, env.world_size, env.rank == 0,
                 timeout=timedelta(seconds=cfg.barrier_timeout), wait_for_workers=False,
                 multi_tenant=True)
-        store = torch.distributed.PrefixStore(f"attempt{iteration}", base.kept.app_store)
+        store = torch.distributed.PrefixStore(f"attempt{iteration}", base.process.app_store)
         hooks = base.for_attempt(iteration, store, call_wrapper.ping)
         try:
             return run(cfg, env, events, hooks)

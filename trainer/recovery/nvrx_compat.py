@@ -160,7 +160,8 @@ def use_prompt_rendezvous(state: type) -> None:
 def stop_worker_groups(allowed_pgids, grace_s: float = 1.0, poll_s: float = 0.02) -> None:
     """What NVRx 0.7's `terminate_mp_processes` does to leftovers in the workers' process groups
     (SIGTERM, up to `grace_s`, SIGKILL), without waiting out the grace once the groups are
-    empty: after a worker stop they usually are, and the fixed wait was 1 s of every restart."""
+    empty: after a worker stop they usually are, and a fixed wait would add `grace_s` to every
+    restart."""
     if 1 in allowed_pgids:  # NVRx's own exception: rank monitors in group 1 in its tests
         return
     groups = set(allowed_pgids)

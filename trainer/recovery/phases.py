@@ -11,7 +11,7 @@ keeps the stamps going (`run_here`): the loop's later steps reuse what it caches
 
 The main thread stays interruptible throughout, so a peer's fault still restarts this rank at
 once. An interrupted phase's thread is waited for before the next attempt forms its process
-group (`settle`), so re-entry never races the work of the attempt it replaces.
+group (`join_interrupted`), so re-entry never races the work of the attempt it replaces.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def injected_delay(name: str) -> float:
     return 0.0
 
 
-def settle(bound_s: float, keepalive: Callable[[], None]) -> None:
+def join_interrupted(bound_s: float, keepalive: Callable[[], None]) -> None:
     """Wait for an interrupted attempt's phase thread: two threads must never build one state,
     and a thread still inside a collective of the aborted process group must leave it (NCCL:
     at once; gloo: at its timeout) before the next group is formed."""
@@ -71,7 +71,7 @@ def run_phase(name: str, fn: Callable[[], T], bound_s: float, keepalive: Callabl
     whatever `fn` raised.
     """
     global _running
-    settle(bound_s, keepalive)
+    join_interrupted(bound_s, keepalive)
     box: dict = {}
 
     def target() -> None:
@@ -113,7 +113,7 @@ def run_here(name: str, fn: Callable[[], T], bound_s: float, keepalive: Callable
     for the progress timeouts; one that returns late raises `PhaseTimeout`.
     """
     global _beating
-    settle(bound_s, keepalive)
+    join_interrupted(bound_s, keepalive)
     started = time.monotonic()
     stop = _beating = threading.Event()
 

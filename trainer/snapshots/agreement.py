@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from trainer.atomic import read_json
-from trainer.durable.staging import map_file
+from trainer.buffers import map_file
 from trainer.snapshots.own import OwnSlots
 from trainer.snapshots.peer import PeerLink, predecessor
 from trainer.snapshots.slot import buffer_of, headers, is_replica, own_prefix, replica_prefix, stamp
@@ -64,12 +64,12 @@ def restore_shard(step: int, inventories: list[dict], fresh: bool, *, rank: int,
     """This rank's snapshot of `step` as a flat host tensor, its meta, and the tier it came
     from; a rank whose node lost it receives it from a holder. Every rank calls this."""
     source = holders(step, inventories)
-    ops, keep_alive = [], []
+    ops, held = [], []
     for other, holder in source.items():
         if holder == rank and other != rank:  # serve a rank that lost its node
             entry = inventories[rank][other][step]
             flat = _map(entry)
-            keep_alive.append(flat)
+            held.append(flat)
             ops.append(("send", other, flat))
     mine = source[rank]
     if mine == rank:
@@ -85,7 +85,7 @@ def restore_shard(step: int, inventories: list[dict], fresh: bool, *, rank: int,
         slot = own.receiving()
         flat, tier, meta = slot.buffer.flat, "peer", entry["meta"]
         ops.append(("recv", mine, flat))
-        keep_alive.append(slot)
+        held.append(slot)
     link.transfer(ops)
     if mine != rank:
         slot.commit(step, meta, stamp(rank, world_size))
@@ -99,8 +99,8 @@ def _map(entry: dict) -> torch.Tensor:
 def forget_others(root: Path, local_ranks: range, *, local_world_size: int, world_size: int) -> None:
     """After a restore: drop node files of ranks that now live elsewhere (call on one local
     rank, after a barrier)."""
-    keep = {own_prefix(r) for r in local_ranks}
-    keep |= {replica_prefix(predecessor(r, local_world_size, world_size)) for r in local_ranks}
+    local = {own_prefix(r) for r in local_ranks}
+    local |= {replica_prefix(predecessor(r, local_world_size, world_size)) for r in local_ranks}
     for f in Path(root).iterdir():
-        if f.is_file() and not any(f.name.startswith(k) for k in keep):
+        if f.is_file() and not any(f.name.startswith(k) for k in local):
             f.unlink(missing_ok=True)

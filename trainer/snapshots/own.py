@@ -27,8 +27,8 @@ import torch
 from config.contract import PEER_SLOTS, own_slots, snapshot_bytes
 from trainer.atomic import read_json
 from trainer.errors import ConfigError
-from trainer.durable.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
-from trainer.snapshots.slot import Slot, buffers, own_files, stamp
+from trainer.buffers import DeviceStage, HostBuffer, Layout, host_copy_stream
+from trainer.snapshots.slot import PendingCopy, Slot, buffers, own_files, stamp
 
 COMMIT_POLL_S = 0.001  # how often the committer looks at a running copy
 SLOW_SNAPSHOT_ENV = "NVRX_EKS_SLOW_SNAPSHOT_S"  # fault-injection knob: widens the copy window
@@ -105,11 +105,21 @@ class OwnSlots:
         with self._lock:
             slot.pins -= 1
 
+    @property
+    def stage(self) -> Optional[DeviceStage]:
+        """The device-memory stage of `--snapshot_staging device|split`, once made."""
+        return self._stage
+
+    @property
+    def committer_running(self) -> bool:
+        """Whether the thread that commits landed copies is alive."""
+        return self._committer is not None and self._committer.is_alive()
+
     def newest(self) -> Optional[Slot]:
         done = [s for s in self.slots if s.step >= 0]
         return max(done, key=lambda s: s.step) if done else None
 
-    def _free_slot(self) -> Optional[Slot]:
+    def free_slot(self) -> Optional[Slot]:
         """A slot to overwrite. The newest complete snapshot only while a pinned slot still holds
         an older complete one: a crash during the copy must leave some snapshot to resume from."""
         newest = self.newest()
@@ -125,7 +135,7 @@ class OwnSlots:
         t0 = time.perf_counter()
         layout = Layout.of(tensors)
         self.allocate(layout)
-        slot = self._free_slot()
+        slot = self.free_slot()
         in_flight = any(s.pending is not None for s in self.slots)
         if slot is None and not in_flight:  # every slot is being read: skip, recovery uses what exists
             self.stats["skipped"] += 1
@@ -141,7 +151,7 @@ class OwnSlots:
             # a device that hangs meanwhile stays a hang to the progress timeouts.
             self.stats["waits"] += 1
             self.poll(wait=True)
-            slot = self._free_slot()
+            slot = self.free_slot()
             if slot is None:  # every slot is being read after all
                 if staged is not None:
                     torch.cuda.current_stream(self.device).wait_event(staged)
@@ -160,7 +170,7 @@ class OwnSlots:
                 time.sleep(float(os.environ[SLOW_SNAPSHOT_ENV]))
             slot.commit(step, meta, self._header_extra())
         else:
-            pending = (step, meta, copied)
+            pending = PendingCopy(step, meta, copied)
             slot.pending = pending
             self._commit_when_copied(slot, pending)
         self.stats["count"] += 1
@@ -193,7 +203,7 @@ class OwnSlots:
                 for event in slot.guards:
                     torch.cuda.current_stream(self.device).wait_event(event)
 
-    def _commit_when_copied(self, slot: Slot, pending: tuple) -> None:
+    def _commit_when_copied(self, slot: Slot, pending: PendingCopy) -> None:
         """Hand the copy to the committer thread, which writes the header once it is on host."""
         if self._committer is None or not self._committer.is_alive():
             self._committer = threading.Thread(target=self._commit_copies, daemon=True,
@@ -208,17 +218,17 @@ class OwnSlots:
             try:
                 # Polled: cudaEventSynchronize spin-waits inside the driver, on a thread beside
                 # the one that launches the next step's kernels, for the whole copy.
-                while not pending[2].query():
+                while not pending.copied.query():
                     time.sleep(COMMIT_POLL_S)
             except RuntimeError:  # a broken CUDA context: recover_pending decides
                 continue
             self._commit_pending(slot, pending)
 
-    def _commit_pending(self, slot: Slot, pending: tuple) -> None:
+    def _commit_pending(self, slot: Slot, pending: PendingCopy) -> None:
         with self._lock:
             if slot.pending is pending:  # not committed or abandoned meanwhile
                 slot.pending = None
-                slot.commit(pending[0], pending[1], self._header_extra())
+                slot.commit(pending.step, pending.meta, self._header_extra())
 
     def poll(self, wait: bool = False) -> None:
         """Commit the slots whose copy has finished; with `wait`, block until they all have."""
@@ -227,8 +237,8 @@ class OwnSlots:
             if pending is None:
                 continue
             if wait:
-                pending[2].synchronize()
-            elif not pending[2].query():
+                pending.copied.synchronize()
+            elif not pending.copied.query():
                 continue
             self._commit_pending(slot, pending)
 
@@ -263,7 +273,7 @@ class OwnSlots:
             if pending is None:
                 continue
             try:
-                done = pending[2].query()
+                done = pending.copied.query()
             except RuntimeError:  # a broken CUDA context: trust nothing it was doing
                 done = False
             if done:
@@ -278,17 +288,17 @@ class OwnSlots:
 
     def receiving(self) -> Slot:
         """An emptied slot to receive this rank's shard into, from a rank that holds it."""
-        slot = self._free_slot() or self.slots[0]
+        slot = self.free_slot() or self.slots[0]
         slot.invalidate()
         return slot
 
-    def close(self, remove: bool) -> None:
-        """Stop the committer and unmap the slots; with `remove`, delete their files too."""
+    def close(self, delete: bool) -> None:
+        """Stop the committer and unmap the slots; with `delete`, their files too."""
         if self._committer is not None:
             self._copies.put(None)
             self._committer.join(timeout=10)
             self._committer = None
         for slot in self.slots:
-            slot.close(remove)
+            slot.close(delete)
         self.slots = []
         self._stage = None

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from config.contract import PEER_SLOTS
-from trainer.durable.staging import HostBuffer, Layout
+from trainer.buffers import HostBuffer, Layout
 from trainer.snapshots.slot import Slot, replica_files, stamp
 
 _CHUNK = 256 << 20  # transfers go in pieces: bounded gloo messages, steady progress
@@ -138,16 +138,16 @@ class PeerLink:
             for w in works:
                 w.wait()
 
-    def settle(self) -> None:
+    def finish_exchange(self) -> None:
         """Wait for a running exchange (an attempt ends); its replica stays valid if complete."""
         if self._thread is not None:
             self._thread.join(timeout=60)
         self._thread, self._error = None, None
         self._group = None
 
-    def close(self, remove: bool) -> None:
-        """Settle, and unmap the replica slots; with `remove`, delete their files too."""
-        self.settle()
+    def close(self, delete: bool) -> None:
+        """Finish the exchange, and unmap the replica slots; with `delete`, their files too."""
+        self.finish_exchange()
         for slot in self.replicas:
-            slot.close(remove)
+            slot.close(delete)
         self.replicas = []

@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from trainer.atomic import read_json, write_json_atomic
-from trainer.durable.staging import HostBuffer, Layout
+from trainer.buffers import HostBuffer, Layout
 
 _REPLICA = "replica."
 _BUFFER, _HEADER = ".buf", ".json"
@@ -74,6 +74,14 @@ def stamp(rank: int, world_size: int) -> dict:
     return {"rank": rank, "world_size": world_size, "saved_at": time.time()}
 
 
+class PendingCopy(NamedTuple):
+    """A snapshot whose device-to-host copy is queued but not yet known to be complete."""
+
+    step: int
+    meta: dict
+    copied: "torch.cuda.Event"  # recorded on the copy stream after the copy
+
+
 @dataclass
 class Slot:
     """One snapshot buffer and what it holds."""
@@ -83,7 +91,7 @@ class Slot:
     step: int = -1              # committed snapshot step; -1 while empty or being rewritten
     meta: Optional[dict] = None
     pins: int = 0               # readers (a durable write, a peer send) that need it unchanged
-    pending: Optional[tuple[int, dict, object]] = None  # (step, meta, cuda event) until copied
+    pending: Optional[PendingCopy] = None  # until its copy is known to be complete
     guards: tuple = ()          # while pending: the events the optimizer must wait for
 
     def invalidate(self) -> None:
@@ -102,10 +110,10 @@ class Slot:
         write_json_atomic(self.header, header)
         self.step, self.meta = header["step"], header["meta"]
 
-    def close(self, remove: bool) -> None:
-        """Unmap the buffer; with `remove`, delete its files too."""
-        self.buffer.close(unlink=remove)
-        if remove:
+    def close(self, delete: bool) -> None:
+        """Unmap the buffer; with `delete`, its files too."""
+        self.buffer.close(delete=delete)
+        if delete:
             self.header.unlink(missing_ok=True)
 
 

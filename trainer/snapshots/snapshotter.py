@@ -1,20 +1,29 @@
-"""The one object the trainer holds for the snapshot tiers: a rank's own slots, its peer link and
-the restore agreement, put together where they meet (a peer sends an own slot; a restore reads
-or fills one)."""
+"""The snapshot tiers of one rank, put together where their parts meet: a snapshot is taken into
+an own slot and then replicated over the peer link; a restore agrees on a step, then reads an own
+slot or receives into one. Everything else the caller asks of the own slots directly (`own`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
+import torch.distributed as dist
 
 from trainer.accounting.events import EventLog
-from trainer.durable.staging import Layout
 from trainer.snapshots import agreement
 from trainer.snapshots.own import OwnSlots
 from trainer.snapshots.peer import PeerLink
 from trainer.snapshots.slot import Slot
+
+
+class Restored(NamedTuple):
+    """This rank's shard of the agreed step, as a flat host tensor, and where it came from."""
+
+    step: int
+    flat: torch.Tensor
+    meta: dict
+    tier: str  # memory, node or peer
 
 
 class Snapshotter:
@@ -27,9 +36,8 @@ class Snapshotter:
         self.rank, self.world_size = rank, world_size
         self.local_world_size = local_world_size
         self.peer_enabled = "peer" in tiers and world_size > local_world_size
-        self.keep_files = "node" in tiers or self.peer_enabled
+        self.files_outlive = "node" in tiers or self.peer_enabled
         self.events = events
-        self.log = log
         self.own = OwnSlots(self.root, rank=rank, world_size=world_size,
                             local_world_size=local_world_size, device=device,
                             peer=self.peer_enabled, durable=durable, budget_gib=budget_gib,
@@ -42,80 +50,50 @@ class Snapshotter:
             log("peer tier off: every rank is on one node, so there is no other node to hold a replica")
 
     @property
-    def slots(self) -> list[Slot]:
-        return self.own.slots
-
-    @property
     def stats(self) -> dict:
         return {**self.own.stats, **self.peer.stats}
 
-    # -- own slots ---------------------------------------------------------------------------
-    def allocate(self, layout: Layout) -> None:
-        self.own.allocate(layout)
-
-    def take(self, step: int, tensors: dict[str, torch.Tensor], meta: dict) -> Optional[Slot]:
-        return self.own.take(step, tensors, meta)
-
-    def fence(self) -> None:
-        self.own.fence()
-
-    def poll(self, wait: bool = False) -> None:
-        self.own.poll(wait)
-
-    def pin(self, slot: Slot) -> None:
-        self.own.pin(slot)
-
-    def unpin(self, slot: Slot) -> None:
-        self.own.unpin(slot)
-
-    def newest(self) -> Optional[Slot]:
-        return self.own.newest()
-
-    def commit_landed(self, wait_s: float) -> None:
-        self.own.commit_landed(wait_s)
-
-    def discard_from(self, step: int) -> None:
-        self.own.discard_from(step)
-
-    def recover_pending(self) -> None:
+    def begin_attempt(self, timeout_s: float) -> None:
+        """A new attempt, in this process or a new one: the failed attempt's exchange ends (or
+        is abandoned), its landed copies are committed, and the peer link is rebuilt on the
+        new process group."""
+        self.peer.finish_exchange()
         self.own.recover_pending()
-
-    # -- peer --------------------------------------------------------------------------------
-    def attach(self, timeout_s: float) -> None:
         self.peer.attach(timeout_s)
 
-    def maybe_replicate(self, slot: Optional[Slot]) -> None:
-        """At a snapshot step: if every rank finished its last exchange (and took this step's
-        snapshot), send it to the successor. One all-reduce decides, so every pair exchanges
-        the same step, and each rank keeps its copy of that step until the next exchange.
-        """
-        if not self.peer_enabled or not self.peer.due(slot is not None):
-            return
-        self.own.poll(wait=True)  # the step's copy must be complete before it is sent
-        self.peer.send(slot)
+    def snapshot(self, step: int, tensors: dict[str, torch.Tensor], meta: dict) -> Optional[Slot]:
+        """Take this step's snapshot and, where the peer tier is due, send it to the successor.
 
-    def settle(self) -> None:
-        self.peer.settle()
+        One all-reduce decides whether to send, so every pair exchanges the same step, and each
+        rank keeps its copy of that step until the next exchange."""
+        slot = self.own.take(step, tensors, meta)
+        if self.peer_enabled and self.peer.due(slot is not None):
+            self.own.poll(wait=True)  # the step's copy must be complete before it is sent
+            self.peer.send(slot)
+        return slot
 
-    # -- recovery ----------------------------------------------------------------------------
-    def inventory(self) -> dict[int, dict[int, dict]]:
-        return agreement.inventory(self.root, self.world_size)
+    def restore(self, newer_than: Optional[int], fresh: bool) -> Optional[Restored]:
+        """Every rank: agree on the newest step whose every shard some node holds and, if it is
+        newer than `newer_than` (the durable tier's), get this rank's shard of it. `fresh`: this
+        process has just started, so an own slot counts as the node tier, not memory."""
+        inventories: list = [None] * self.world_size
+        dist.all_gather_object(inventories, agreement.inventory(self.root, self.world_size))
+        step = agreement.choose(inventories, self.world_size)
+        if step is None or (newer_than is not None and newer_than > step):
+            return None
+        flat, meta, tier = agreement.restore_shard(step, inventories, fresh, rank=self.rank,
+                                                   world_size=self.world_size, own=self.own,
+                                                   link=self.peer)
+        dist.barrier()  # every transfer is done: node files of ranks now elsewhere can go
+        if self.rank % self.local_world_size == 0:
+            first = self.rank - self.rank % self.local_world_size
+            agreement.forget_others(self.root, range(first, first + self.local_world_size),
+                                    local_world_size=self.local_world_size,
+                                    world_size=self.world_size)
+        return Restored(step, flat, meta, tier)
 
-    def choose(self, inventories: list[dict]) -> Optional[int]:
-        return agreement.choose(inventories, self.world_size)
-
-    holders = staticmethod(agreement.holders)
-
-    def restore_shard(self, step: int, inventories: list[dict], fresh: bool) -> tuple[torch.Tensor, dict, str]:
-        return agreement.restore_shard(step, inventories, fresh, rank=self.rank,
-                                       world_size=self.world_size, own=self.own, link=self.peer)
-
-    def forget_others(self, local_ranks: range) -> None:
-        agreement.forget_others(self.root, local_ranks, local_world_size=self.local_world_size,
-                                world_size=self.world_size)
-
-    def close(self, remove: bool = False) -> None:
-        """Unmap the buffers; their files stay for the node tier unless `remove`."""
-        gone = remove or not self.keep_files
+    def close(self, delete: bool = False) -> None:
+        """Unmap the buffers; their files stay for the node tier unless `delete`."""
+        gone = delete or not self.files_outlive
         self.peer.close(gone)
         self.own.close(gone)

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from trainer.durable.staging import HostBuffer, Layout
+from trainer.buffers import HostBuffer, Layout
 from trainer.durable.store import (MANIFEST, CheckpointError, CheckpointStore, ShardWrite, marker_name,
                                    shard_name, step_dir_name, write_shard)
 
@@ -27,7 +27,7 @@ def _commit(store, step, world=2):
 
 
 def test_commit_needs_every_marker_and_moves_latest(tmp_path):
-    store = CheckpointStore(tmp_path, keep=2)
+    store = CheckpointStore(tmp_path, retain=2)
     _write(tmp_path, 10, 0, 2, 1.0)
     assert store.ready_markers(10, 2) is None  # rank 1 not done: nothing to commit
     assert store.latest_step() is None
@@ -41,7 +41,7 @@ def test_commit_needs_every_marker_and_moves_latest(tmp_path):
 
 
 def test_retention_keeps_newest_and_drops_abandoned_partials(tmp_path):
-    store = CheckpointStore(tmp_path, keep=2)
+    store = CheckpointStore(tmp_path, retain=2)
     _commit(store, 5)
     _write(tmp_path, 7, 0, 2, 0.0)  # a partial checkpoint from a crash
     _commit(store, 10)
@@ -55,7 +55,7 @@ def test_retention_keeps_newest_and_drops_abandoned_partials(tmp_path):
 
 
 def test_resuming_before_a_damaged_checkpoint_sets_it_aside(tmp_path):
-    store = CheckpointStore(tmp_path, keep=3)
+    store = CheckpointStore(tmp_path, retain=3)
     _commit(store, 5)
     _commit(store, 10)
     _write(tmp_path, 15, 0, 2, 0.0)  # partial
@@ -67,7 +67,7 @@ def test_resuming_before_a_damaged_checkpoint_sets_it_aside(tmp_path):
 
 def test_truncated_shard_and_bad_manifest_are_skipped_with_a_warning(tmp_path):
     warnings = []
-    store = CheckpointStore(tmp_path, keep=3, warn=warnings.append)
+    store = CheckpointStore(tmp_path, retain=3, warn=warnings.append)
     _commit(store, 5)
     _commit(store, 10)
     _commit(store, 15)

@@ -3,12 +3,13 @@
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tracemalloc
 
-from trainer.loop.data import (LEGACY_ORDER, FeistelPermutation, GlobalSampler, TokenDataset, main,
+from trainer.loop.data import (FeistelPermutation, GlobalSampler, TokenDataset, main,
                                prepare)
 
 
@@ -93,10 +94,7 @@ def test_sampler_memory_does_not_grow_with_the_dataset():
     assert huge < 64 * 1024  # nothing of dataset size: 1e9 int64 indices would be 8 GB
 
 
-def test_a_checkpoint_of_the_materialized_order_continues_in_that_order():
-    legacy_state = {"cursor": 10, "seed": 5, "num_samples": 50}  # written before "order" existed
+def test_a_checkpoint_of_another_sample_order_is_refused():
     s = GlobalSampler(50, 5)
-    s.load_state_dict(legacy_state)
-    assert s.state_dict()["order"] == LEGACY_ORDER
-    expected = np.random.default_rng([5, 0]).permutation(50)[10:14].tolist()
-    assert s.next_batch(0, 1, 4) == expected
+    with pytest.raises(ValueError, match="sample order None is not 'feistel-v1'"):
+        s.load_state_dict({"cursor": 10, "seed": 5, "num_samples": 50})

@@ -1,14 +1,14 @@
 """An in-process attempt's hooks: fresh per attempt, sharing what must survive it."""
 
-from trainer.loop.hooks import Hooks, Kept
+from trainer.loop.hooks import Hooks, ProcessState
 
 
-def test_attempt_hooks_share_callbacks_and_kept_objects_but_not_counters():
+def test_attempt_hooks_share_callbacks_and_process_state_but_not_counters():
     pings: list[str] = []
     base = Hooks(keepalive=[lambda: pings.append("heartbeat")])
     base.on_ready.append(lambda: None)
     base.meta["client"] = dict
-    base.kept.leased = True
+    base.process.leased = True
     base.steps_done = 7
 
     first = base.for_attempt(1, store=None, ping=lambda: pings.append("ping1"))
@@ -16,7 +16,8 @@ def test_attempt_hooks_share_callbacks_and_kept_objects_but_not_counters():
     second = base.for_attempt(2, store=None, ping=lambda: pings.append("ping2"))
 
     assert (first.iteration, second.iteration, second.steps_done) == (1, 2, 0)
-    assert second.kept is base.kept and isinstance(second.kept, Kept) and second.kept.leased
+    assert second.process is base.process and isinstance(second.process, ProcessState)
+    assert second.process.leased
     assert second.on_ready is base.on_ready and second.meta is base.meta
     assert len(base.keepalive) == 1  # an attempt's ping never leaks into the next attempt
     second.alive()

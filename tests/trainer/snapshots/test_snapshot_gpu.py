@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.accounting.events import EventLog
-from trainer.durable.staging import DeviceStage, HostBuffer, Layout, host_copy_stream
+from trainer.buffers import DeviceStage, HostBuffer, Layout, host_copy_stream
 from trainer.snapshots import Snapshotter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -54,17 +54,17 @@ def _holds(slot, value: float) -> bool:
 def test_the_optimizer_right_after_the_fence_never_reaches_the_snapshot(node_dir, share):
     snap = _snapshotter(node_dir, share)
     state = _state(1.0)
-    snap.take(0, state, {"step": 0})  # first allocations of pinned memory synchronize the device
-    snap.poll(wait=True)
+    snap.own.take(0, state, {"step": 0})  # first allocations of pinned memory synchronize the device
+    snap.own.poll(wait=True)
     # The host runs ahead: the step's own kernels still run when its snapshot is queued, so
     # the copies and the optimizer after the fence would start together, but for the fence.
     torch.cuda._sleep(200_000_000)
-    slot = snap.take(1, state, {"step": 1})
-    snap.fence()
+    slot = snap.own.take(1, state, {"step": 1})
+    snap.own.fence()
     _optimizer(state, 2.0)
-    snap.poll(wait=True)
+    snap.own.poll(wait=True)
     assert slot.step == 1 and _holds(slot, 1.0)
-    snap.close(remove=True)
+    snap.close(delete=True)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.5, 1.0], ids=["host", "split", "device"])
@@ -74,19 +74,19 @@ def test_a_snapshot_due_while_the_last_copy_runs_keeps_the_newest_complete_one(n
     complete: a crash in between would otherwise find no snapshot at all."""
     snap = _snapshotter(node_dir, share)
     state = _state(1.0)
-    snap.take(1, state, {"step": 1})
-    snap.poll(wait=True)
+    snap.own.take(1, state, {"step": 1})
+    snap.own.poll(wait=True)
     torch.cuda._sleep(200_000_000)  # step 2's kernels still run, so its copy is still to come
-    snap.take(2, state, {"step": 2})
-    snap.fence()
+    snap.own.take(2, state, {"step": 2})
+    snap.own.fence()
     _optimizer(state, 3.0)
-    snap.take(3, state, {"step": 3})
-    newest = snap.newest()
+    snap.own.take(3, state, {"step": 3})
+    newest = snap.own.newest()
     assert newest is not None and newest.step == 2 and _holds(newest, 1.0)
     assert snap.stats["waits"] == 1
-    snap.poll(wait=True)
-    assert snap.newest().step == 3 and _holds(snap.newest(), 3.0)
-    snap.close(remove=True)
+    snap.own.poll(wait=True)
+    assert snap.own.newest().step == 3 and _holds(snap.own.newest(), 3.0)
+    snap.close(delete=True)
 
 
 def test_a_device_without_an_index_is_the_current_one(node_dir):
@@ -96,13 +96,13 @@ def test_a_device_without_an_index_is_the_current_one(node_dir):
                        durable=False, events=EventLog(None, 0))
     state = _state(1.0)
     torch.cuda._sleep(100_000_000)
-    slot = snap.take(1, state, {"step": 1})
+    slot = snap.own.take(1, state, {"step": 1})
     assert slot.pending is not None  # the copy runs: the committer thread will commit it
     deadline = time.monotonic() + 30
     while slot.step != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert slot.step == 1 and snap.own._committer.is_alive()
-    snap.close(remove=True)
+    assert slot.step == 1 and snap.own.committer_running
+    snap.close(delete=True)
 
 
 @pytest.mark.parametrize("share", [0.5, 1.0], ids=["split", "device"])
@@ -123,4 +123,4 @@ def test_captures_queued_back_to_back_through_one_device_stage_each_land_whole(n
     for step, buf in enumerate(buffers, start=1):
         staged_part = {n: v for n, v in buf.views.items() if n in stage.views}
         assert staged_part and all(bool((v == step).all()) for v in staged_part.values())
-        buf.close(unlink=True)
+        buf.close(delete=True)

@@ -7,7 +7,7 @@ import torch
 from config.contract import own_slots, snapshot_bytes
 from trainer.accounting.events import EventLog
 from trainer.errors import ConfigError
-from trainer.durable.staging import HostBuffer, Layout
+from trainer.buffers import HostBuffer, Layout
 from trainer.snapshots import Snapshotter, warm_slots
 
 
@@ -24,20 +24,20 @@ def _state(step: int) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("durable", [True, False])
 def test_every_snapshot_leaves_the_previous_one_while_a_durable_write_reads_a_slot(tmp_path, durable):
     snap = _snapshotter(tmp_path, durable)
-    reading = snap.take(4, _state(4), {"step": 4})
-    snap.pin(reading)  # a durable write of step 4 runs in the background for many steps
+    reading = snap.own.take(4, _state(4), {"step": 4})
+    snap.own.pin(reading)  # a durable write of step 4 runs in the background for many steps
     overwritten = []
     for step in range(5, 12):
-        previous = snap.newest()
-        slot = snap.take(step, _state(step), {"step": step})
+        previous = snap.own.newest()
+        slot = snap.own.take(step, _state(step), {"step": step})
         assert slot is not None and slot is not reading and reading.step == 4
         overwritten.append(slot is previous)
-        assert snap.newest().step == step
-        assert float(snap.newest().buffer.views["w"][0]) == step
+        assert snap.own.newest().step == step
+        assert float(snap.own.newest().buffer.views["w"][0]) == step
     # With durable checkpoints the tiers keep a slot for the writer, so no snapshot ever
     # overwrites the newest complete one; without that slot, every one would.
     assert not any(overwritten[1:]) if durable else all(overwritten[1:])
-    snap.close(remove=True)
+    snap.close(delete=True)
 
 
 def test_the_newest_snapshot_is_never_the_free_slot_while_the_other_copy_is_in_flight(tmp_path):
@@ -45,17 +45,17 @@ def test_the_newest_snapshot_is_never_the_free_slot_while_the_other_copy_is_in_f
     step 5 now would leave no complete snapshot until the copy lands, so no slot is free; `take`
     then waits for the copy (on a GPU, where copies run in the background)."""
     snap = _snapshotter(tmp_path, durable=False)
-    done = snap.take(5, _state(5), {"step": 5})
-    copying = next(s for s in snap.slots if s is not done)
+    done = snap.own.take(5, _state(5), {"step": 5})
+    copying = next(s for s in snap.own.slots if s is not done)
     copying.pending = (6, {"step": 6}, None)  # what `take` leaves while a device copy runs
-    assert snap.own._free_slot() is None
-    snap.pin(done)  # the durable write's or a peer's read: step 5 stays readable, still not free
-    assert snap.own._free_slot() is None
-    snap.unpin(done)
+    assert snap.own.free_slot() is None
+    snap.own.pin(done)  # the durable write's or a peer's read: step 5 stays readable, still not free
+    assert snap.own.free_slot() is None
+    snap.own.unpin(done)
     copying.pending = None
     copying.commit(6, {"step": 6}, {})  # the copy landed: step 5 is the one to overwrite now
-    assert snap.own._free_slot() is done
-    snap.close(remove=True)
+    assert snap.own.free_slot() is done
+    snap.close(delete=True)
 
 
 def test_memory_rule_counts_the_writer_slot_and_the_peer_slots():
@@ -72,12 +72,8 @@ def test_slots_larger_than_the_node_directory_are_a_clear_error_before_any_file(
     shard = Layout.of(_state(1))
     huge = Layout(shard.fields, 2**62)  # more than any file system here holds
     with pytest.raises(ConfigError, match=r"snapshot buffers of the node's 1 rank\(s\) need .* GiB"):
-        snap.allocate(huge)
+        snap.own.allocate(huge)
     assert not list(tmp_path.glob("*.buf"))
-
-
-def _under(registry: dict, root) -> dict:
-    return {path: v for path, v in registry.items() if path.parent == root.resolve()}
 
 
 def test_a_restarted_process_gets_the_slots_its_predecessor_left_mapped_in_the_background(tmp_path):
@@ -85,23 +81,23 @@ def test_a_restarted_process_gets_the_slots_its_predecessor_left_mapped_in_the_b
     the new snapshotter's allocate then reuses those very buffers, contents and headers intact."""
     first = _snapshotter(tmp_path, durable=True)
     for step in (1, 2, 3):
-        first.take(step, _state(step), {"step": step})
+        first.own.take(step, _state(step), {"step": step})
     first.close()  # a process ending: the files stay for the node tier
-    assert not _under(HostBuffer._open, tmp_path)
+    assert not HostBuffer.opened(tmp_path)
 
     warm_slots(tmp_path, rank=0, pin=False)
-    threads = set(_under(HostBuffer._warming, tmp_path).values())
+    threads = HostBuffer.warming(tmp_path)
     assert len(threads) == 1
     threads.pop().join(timeout=30)
-    warmed = _under(HostBuffer._open, tmp_path)
+    warmed = HostBuffer.opened(tmp_path)
     assert len(warmed) == 3
 
     second = _snapshotter(tmp_path, durable=True)
-    second.allocate(Layout.of(_state(0)))
-    assert {id(s.buffer) for s in second.slots} == {id(b) for b in warmed.values()}
-    assert not _under(HostBuffer._warming, tmp_path)
-    assert second.newest().step == 3 and float(second.newest().buffer.views["w"][0]) == 3
-    second.close(remove=True)
+    second.own.allocate(Layout.of(_state(0)))
+    assert {id(s.buffer) for s in second.own.slots} == {id(b) for b in warmed.values()}
+    assert not HostBuffer.warming(tmp_path)
+    assert second.own.newest().step == 3 and float(second.own.newest().buffer.views["w"][0]) == 3
+    second.close(delete=True)
 
 
 def test_buffers_open_in_parallel_and_a_new_layout_replaces_an_open_buffer(tmp_path):
@@ -113,7 +109,7 @@ def test_buffers_open_in_parallel_and_a_new_layout_replaces_an_open_buffer(tmp_p
     replaced = HostBuffer.open(paths[0], large, pin=False)
     assert replaced is not bufs[0] and replaced.layout == large and bufs[0].flat is None
     for b in (replaced, *bufs[1:]):
-        b.close(unlink=True)
+        b.close(delete=True)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
@@ -126,16 +122,16 @@ def test_a_snapshot_is_whole_whatever_share_goes_through_the_device_stage(tmp_pa
     snap = Snapshotter(tmp_path, rank=0, world_size=1, local_world_size=1,
                        device=torch.device("cpu"), tiers=("memory",), budget_gib=0.0,
                        durable=False, events=EventLog(None, 0), device_share=share)
-    slot = snap.take(1, state, {"step": 1})
+    slot = snap.own.take(1, state, {"step": 1})
     for name, t in state.items():
         assert torch.equal(slot.buffer.views[name], t), name
     layout = slot.buffer.layout
     start = layout.suffix_start(share)
-    staged = [] if snap.own._stage is None else list(snap.own._stage.views)
+    staged = [] if snap.own.stage is None else list(snap.own.stage.views)
     assert staged == [s.name for s in layout.fields if s.offset >= start]
-    assert (snap.own._stage is None) == (share == 0.0)
-    if snap.own._stage is not None:
-        assert snap.own._stage.flat.numel() == layout.total_bytes - start
+    assert (snap.own.stage is None) == (share == 0.0)
+    if snap.own.stage is not None:
+        assert snap.own.stage.flat.numel() == layout.total_bytes - start
     if share == 0.5:
         assert 0 < start < layout.total_bytes
-    snap.close(remove=True)
+    snap.close(delete=True)

@@ -1,8 +1,8 @@
-"""What the training loop keeps so a fault costs little: snapshots in host memory, on the node
-and on a peer, and durable checkpoints; and the choice of where to resume from.
+"""The tiers that make a fault cost little, as the loop sees them: snapshots in host memory, on
+the node and on a peer, and durable checkpoints; and the choice of where to resume from.
 
 The loop sees one object: it calls `after_step` every step, `fence` before the optimizer step,
-and `restore` once per attempt. Both tiers outlive an in-process restart (`Kept`).
+and `restore` once per attempt. Both tiers outlive an in-process restart (`ProcessState`).
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Callable, Optional
 import torch.distributed as dist
 
 from trainer.accounting.events import EventLog
+from trainer.buffers import Layout
 from trainer.config import STAGED_SHARE, TrainConfig
-from trainer.errors import ConfigError
 from trainer.durable.lease import Lease, existing_lineage, lineage_id
 from trainer.durable.manager import CheckpointManager, warm_staging
-from trainer.durable.staging import Layout
 from trainer.durable.state import local_tensors, restore, shard_layout
+from trainer.errors import ConfigError
 from trainer.faults.inject import at_point
 from trainer.loop.distributed import DistEnv
-from trainer.loop.hooks import Kept
+from trainer.loop.hooks import ProcessState
 from trainer.node_dir import node_root, snapshots_dir
 from trainer.recovery.phases import run_phase
 from trainer.snapshots import Snapshotter, warm_slots
@@ -29,48 +29,53 @@ from trainer.snapshots import Snapshotter, warm_slots
 MetaFn = Callable[[int], dict]
 
 
-class StateKeeper:
-    def __init__(self, cfg: TrainConfig, env: DistEnv, events: EventLog, kept: Kept,
+def _nothing() -> None:
+    pass
+
+
+class Tiers:
+    def __init__(self, cfg: TrainConfig, env: DistEnv, events: EventLog, process: ProcessState,
                  keepalive: Callable[[], None], log: Callable[[str], None]):
         self.cfg, self.env, self.events, self.log = cfg, env, events, log
         self.keepalive = keepalive
-        self.fresh = kept.snapshots is None  # no snapshotter survived: this is a new process
-        if cfg.checkpoint_dir and not kept.leased:  # before any rank touches the node
+        self.fresh = process.snapshots is None  # no snapshotter survived: this is a new process
+        if cfg.checkpoint_dir and not process.leased:  # before any rank touches the node
             if env.rank == 0:
-                kept.lease = Lease(cfg.checkpoint_dir, warn=log)
-                kept.lease.acquire()
+                process.lease = Lease(cfg.checkpoint_dir, warn=log)
+                process.lease.acquire()
             dist.barrier()
-            kept.leased = True
-        self.lease: Optional[Lease] = kept.lease
+            process.leased = True
+        self.lease: Optional[Lease] = process.lease
         self.node_root = node_root(cfg.node_dir, cfg.checkpoint_dir, lineage_id(cfg.checkpoint_dir)) \
             if cfg.checkpoint_dir else None
-        if kept.checkpoints is not None:
-            kept.checkpoints.rejoin(env.rank, env.world_size, keepalive)
+        if process.checkpoints is not None:
+            process.checkpoints.rejoin(env.rank, env.world_size, keepalive)
         elif cfg.checkpoint_dir:
-            kept.checkpoints = CheckpointManager(
+            process.checkpoints = CheckpointManager(
                 cfg.checkpoint_dir, rank=env.rank, world_size=env.world_size, device=env.device,
-                use_async=cfg.use_async_checkpoint, keep=cfg.keep_checkpoints,
+                use_async=cfg.use_async_checkpoint, retain=cfg.keep_checkpoints,
                 timeout_s=cfg.checkpoint_timeout, events=events, node_root=self.node_root,
                 keepalive=keepalive, log=print)
-        self.checkpoints: Optional[CheckpointManager] = kept.checkpoints
-        if cfg.tiers and kept.snapshots is None:
-            kept.snapshots = Snapshotter(
+        self.checkpoints: Optional[CheckpointManager] = process.checkpoints
+        if cfg.tiers and process.snapshots is None:
+            process.snapshots = Snapshotter(
                 snapshots_dir(self.node_root), rank=env.rank, world_size=env.world_size,
                 local_world_size=env.local_world_size, device=env.device, tiers=cfg.tiers,
                 budget_gib=cfg.memory_budget_gib, durable=cfg.checkpoint_interval > 0,
                 events=events, log=log, device_share=STAGED_SHARE[cfg.snapshot_staging])
-        self.snapshots: Optional[Snapshotter] = kept.snapshots
+        self.snapshots: Optional[Snapshotter] = process.snapshots
         if self.snapshots is not None:
-            self.snapshots.settle()  # a replication of the failed attempt ends (or is abandoned)
-            self.snapshots.recover_pending()
-            self.snapshots.attach(cfg.collective_timeout(env.device.type))
+            self.snapshots.begin_attempt(cfg.collective_timeout(env.device.type))
+        # Before the optimizer changes the state, its kernels wait for the snapshot copies.
+        self.fence: Callable[[], None] = self.snapshots.own.fence \
+            if self.snapshots is not None and env.device.type == "cuda" else _nothing
 
     @staticmethod
     def warm(cfg: TrainConfig, env: DistEnv) -> None:
         """First thing in a restarted process: pin the host buffers its predecessor left (the
         snapshot slots, or without tiers the staging buffer) in the background, while the
-        process group and the model are built. Pinning them took 2-5 s of every restart on
-        the critical path."""
+        process group and the model are built: pinning gigabytes takes seconds, which must not
+        sit on the restart's critical path."""
         lineage = existing_lineage(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         if lineage is None:
             return
@@ -88,7 +93,7 @@ class StateKeeper:
         t0 = time.perf_counter()
         layout = Layout.of(local_tensors(model, optimizer))
         if self.snapshots is not None:
-            self.snapshots.allocate(layout)
+            self.snapshots.own.allocate(layout)
         elif self.checkpoints is not None and self.cfg.checkpoint_interval:
             self.checkpoints.prepare(layout)  # with tiers, checkpoints are written from snapshot slots
         t1 = time.perf_counter()
@@ -114,29 +119,17 @@ class StateKeeper:
         if self.snapshots is None:
             return None
         t0 = time.time()
-        inventories: list = [None] * self.env.world_size
-        dist.all_gather_object(inventories, self.snapshots.inventory())
-        step = self.snapshots.choose(inventories)
-        durable = self.checkpoints.store.latest_step()
-        if step is None or (durable is not None and durable > step):
+        got = self.snapshots.restore(self.checkpoints.store.latest_step(), self.fresh)
+        if got is None:
             return None
-        flat, meta, tier = self.snapshots.restore_shard(step, inventories, self.fresh)
         layout = Layout.of(local_tensors(model, optimizer))
-        restore(model, optimizer, [(layout.views(flat), shard_layout(model))])
-        dist.barrier()  # every transfer is done: node files of ranks now elsewhere can go
-        if self.env.local_rank == 0:
-            first = self.env.node_rank * self.env.local_world_size
-            self.snapshots.forget_others(range(first, first + self.env.local_world_size))
-        self.events.emit("snapshot_load", step=step, tier=tier, bytes=layout.total_bytes,
+        restore(model, optimizer, [(layout.views(got.flat), shard_layout(model))])
+        self.events.emit("snapshot_load", step=got.step, tier=got.tier, bytes=layout.total_bytes,
                          seconds=time.time() - t0)
-        self.log(f"resumed from the step-{step} snapshot ({tier} tier)")
-        return meta
+        self.log(f"resumed from the step-{got.step} snapshot ({got.tier} tier)")
+        return got.meta
 
     # -- every step --------------------------------------------------------------------------
-    def fence(self) -> None:
-        if self.snapshots is not None and self.env.device.type == "cuda":
-            self.snapshots.fence()
-
     def saves_durably(self, step: int) -> bool:
         """Whether `after_step(step)` writes a durable checkpoint (the final one is `finish`'s)."""
         cfg = self.cfg
@@ -146,7 +139,7 @@ class StateKeeper:
     def discard_snapshots_from(self, step: int) -> None:
         """A diverged step: its snapshots and any after it must never be resumed from."""
         if self.snapshots is not None:
-            self.snapshots.discard_from(step)
+            self.snapshots.own.discard_from(step)
 
     def after_step(self, step: int, model, optimizer, meta: MetaFn) -> float:
         """Snapshot and checkpoint as due; returns the seconds the loop was blocked."""
@@ -159,10 +152,9 @@ class StateKeeper:
             self.lease.renew()
         slot = None
         if self.snapshots is not None:
-            self.snapshots.poll()
+            self.snapshots.own.poll()
             if step % cfg.snapshot_interval == 0 or durable_due or step == cfg.max_steps:
-                slot = self.snapshots.take(step, local_tensors(model, optimizer), meta(step))
-                self.snapshots.maybe_replicate(slot)
+                slot = self.snapshots.snapshot(step, local_tensors(model, optimizer), meta(step))
         if durable_due:  # a sync write, or a drain of the last one: long calls, see phases
             run_phase("checkpoint", lambda: self._durable(step, model, optimizer, meta, slot),
                       cfg.checkpoint_timeout, self.keepalive, self.env.device)
@@ -172,45 +164,46 @@ class StateKeeper:
         if slot is None:  # no snapshot to write from: the manager stages its own copy
             self.checkpoints.save(step, model, optimizer, meta(step), final=final)
             return
-        self.snapshots.poll(wait=True)  # the slot's copy must be complete before it is written
-        self.snapshots.pin(slot)
+        own = self.snapshots.own
+        own.poll(wait=True)  # the slot's copy must be complete before it is written
+        own.pin(slot)
         self.checkpoints.save(step, model, optimizer, slot.meta, final=final, source=slot.buffer,
-                       on_written=lambda: self.snapshots.unpin(slot))
+                              on_written=lambda: own.unpin(slot))
 
     def finish(self, step: int, model, optimizer, meta: MetaFn) -> None:
         """The final checkpoint, committed. Nothing is released here: should a peer fail now,
         the re-entered attempt still finds every tier as it was, so it never rewinds."""
         if self.snapshots is not None:
-            self.snapshots.poll(wait=True)
+            self.snapshots.own.poll(wait=True)
         if self.checkpoints is not None:
             if self.checkpoints.last_saved_step != step and self.cfg.final_checkpoint:
-                newest = self.snapshots.newest() if self.snapshots is not None else None
+                newest = self.snapshots.own.newest() if self.snapshots is not None else None
                 slot = newest if newest is not None and newest.step == step else None
                 self._durable(step, model, optimizer, meta, slot, final=True)
             at_point("final", step, self.env.rank, self.cfg.checkpoint_dir, self.events)
             self.checkpoints.finish()
 
     @staticmethod
-    def release(kept: Kept, failed: bool) -> None:
+    def release(process: ProcessState, failed: bool) -> None:
         """At process exit: stop the writer (at once after a failure) and unmap the buffers;
         after a complete run, free the node's memory too. A writer left running would hold
         the interpreter's exit forever."""
-        if kept.checkpoints is not None:
-            kept.checkpoints.close(abort=failed)
-        if kept.snapshots is not None:
-            kept.snapshots.close(remove=not failed)
-        if kept.lease is not None and not failed:
-            kept.lease.release()
+        if process.checkpoints is not None:
+            process.checkpoints.close(failed=failed)
+        if process.snapshots is not None:
+            process.snapshots.close(delete=not failed)
+        if process.lease is not None and not failed:
+            process.lease.release()
 
     @staticmethod
-    def abandon(kept: Kept, wait_s: float = 2.0) -> None:
+    def abandon(process: ProcessState, wait_s: float = 2.0) -> None:
         """A failed process that exits without tearing down: snapshot copies that land within
         `wait_s` are committed (the newest state survives for the node tier), the writer is
         killed. Nothing waits on another rank."""
-        if kept.snapshots is not None:
-            kept.snapshots.commit_landed(wait_s)
-        if kept.checkpoints is not None:
-            kept.checkpoints.close(abort=True)
+        if process.snapshots is not None:
+            process.snapshots.own.commit_landed(wait_s)
+        if process.checkpoints is not None:
+            process.checkpoints.close(failed=True)
 
     def stats(self) -> dict:
         out = {}

@@ -1,6 +1,7 @@
-"""Host staging buffers: where a rank's shard is copied before anything is written.
+"""Buffers for a rank's flat shard, shared by the durable tier (which stages into them) and the
+snapshot tiers (whose slots they are), so they belong to neither.
 
-One flat buffer per rank, file-backed (`/dev/shm` by default) and mapped shared, so that
+A host buffer is file-backed (`/dev/shm` by default) and mapped shared, so that
 - the device-to-host copy runs at pinned-memory speed (the mapping is registered with CUDA),
 - the background writer process maps the same pages instead of receiving pickled tensors,
 - the copy outlives the training process: it doubles as the node-local snapshot tier.
@@ -56,13 +57,12 @@ class Layout:
         return Layout(tuple(fields), max(offset, ALIGN))
 
     def to_json(self) -> dict:
-        # "slots" on disk: layouts written before the name changed must still read
-        return {"total_bytes": self.total_bytes, "slots": [asdict(f) for f in self.fields]}
+        return {"total_bytes": self.total_bytes, "fields": [asdict(f) for f in self.fields]}
 
     @staticmethod
     def from_json(d: Mapping) -> "Layout":
         fields = tuple(Field(f["name"], f["dtype"], tuple(f["shape"]), f["offset"], f["nbytes"])
-                       for f in d["slots"])
+                       for f in d["fields"])
         return Layout(fields, int(d["total_bytes"]))
 
     def views(self, flat: torch.Tensor, start: int = 0) -> dict[str, torch.Tensor]:
@@ -134,6 +134,20 @@ class HostBuffer:
         with cls._lock:
             cls._open[key] = buf
         return buf
+
+    @classmethod
+    def opened(cls, directory: Path) -> dict[Path, "HostBuffer"]:
+        """The buffers of `directory` this process has open, by resolved path."""
+        root = Path(directory).resolve()
+        with cls._lock:
+            return {p: b for p, b in cls._open.items() if p.parent == root}
+
+    @classmethod
+    def warming(cls, directory: Path) -> set[threading.Thread]:
+        """The background threads of `warm` still mapping buffers of `directory`."""
+        root = Path(directory).resolve()
+        with cls._lock:
+            return {t for p, t in cls._warming.items() if p.parent == root}
 
     @classmethod
     def open_all(cls, paths: Sequence[Path], layout: Layout, pin: bool) -> list["HostBuffer"]:
@@ -226,8 +240,9 @@ class HostBuffer:
             done.synchronize()
         return done
 
-    def close(self, unlink: bool = False) -> None:
-        """Unregister, then unmap (in that order, see the class docstring)."""
+    def close(self, delete: bool = False) -> None:
+        """Unregister, then unmap (in that order, see the class docstring); with `delete`, remove
+        the file too."""
         with HostBuffer._lock:
             if HostBuffer._open.get(self.path) is self:
                 del HostBuffer._open[self.path]
@@ -238,7 +253,7 @@ class HostBuffer:
             self._pinned = False
         self.views = {}
         self.flat = None  # type: ignore[assignment]
-        if unlink:
+        if delete:
             self.path.unlink(missing_ok=True)
 
 
@@ -261,8 +276,8 @@ class DeviceStage:
         self.views = layout.views(self.flat, start)
         self._copied_out: "torch.cuda.Event | None" = None  # the last copy out, reading `flat`
         self._filled: "torch.cuda.Event | None" = None  # the last copy in
-        # The copy into the stage runs beside the next forward pass, not between two steps
-        # on the compute stream, where it took some 2.5 ms of every step (3.7 GB).
+        # The copy into the stage runs beside the next forward pass: on the compute stream
+        # it would run between two steps and lengthen every one of them.
         self._side = torch.cuda.Stream(device) if self.flat.is_cuda else None
 
     def fill(self, tensors: Mapping[str, torch.Tensor]) -> "torch.cuda.Event | None":
