@@ -27,7 +27,10 @@ from typing import Optional
 
 from config.contract import RecoveryMode
 from devtools.local import EVERY_STEP_TIERS, mode_flags, tier_flags
-from trainer.config import ACTIVATION_CHECKPOINTING, SNAPSHOT_STAGING
+from config.training import choices
+
+ACTIVATION_CHECKPOINTING = choices("activation_checkpointing")
+SNAPSHOT_STAGING = choices("snapshot_staging")
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "runs" / "bench" / "logs"  # runner logs and event logs; packed by `bundle`

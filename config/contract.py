@@ -33,6 +33,8 @@ GPU_TAINT_EFFECT = "NoSchedule"
 # room for two so that a replacement pod is admitted while the old one is still terminating.
 HUGEPAGES_2MI_PER_POD_MIB = 5120
 TRAINING_PODS_PER_NODE = 1
+# The private subnets of a new VPC, the GPU nodes' among them: every pod gets a VPC address.
+PRIVATE_SUBNET_PREFIX = 19
 HUGEPAGES_POD_HEADROOM = 2
 NR_HUGEPAGES_2MI = HUGEPAGES_2MI_PER_POD_MIB // 2 * TRAINING_PODS_PER_NODE * HUGEPAGES_POD_HEADROOM
 

@@ -51,6 +51,12 @@ class InstanceSpec:
         return self.card0_interfaces - efa_on_card0
 
     @property
+    def subnet_addresses(self) -> int:
+        """VPC addresses one node can take: every address of every interface the CNI uses (its
+        warm pool fills whole interfaces)."""
+        return self.cni_interfaces * self.ipv4_per_interface
+
+    @property
     def max_pods(self) -> int:
         """kubelet's maxPods that matches the pod IPs the VPC CNI can hand out (the CNI's own
         formula: interfaces x (addresses - 1) + 2 host-network pods). Without it kubelet would

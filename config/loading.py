@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from config.errors import ProfileError
 from config.profile import PROFILE_DIR, Profile
+from config.training import describe_error, pod_owned
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -73,13 +76,19 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 def _describe(err: dict) -> str:
     loc = tuple(err["loc"])
     where = ".".join(str(p) for p in loc) or "profile"
+    if err["type"] == "extra_forbidden" and loc[:1] == ("trainer",) and str(loc[-1]) in pod_owned():
+        return f"{where}: set by the deployment ({pod_owned()[str(loc[-1])]}), not by a profile"
     if err["type"] == "extra_forbidden":
         model = _model_at(loc)
         known = list(model.model_fields) if model else []
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
         return f"{where}: unknown key{hint}"
+    if len(loc) > 1 and loc[0] == "trainer":  # a trainer setting: the trainer's own words
+        return describe_error({**err, "loc": loc[1:]}, lambda name: f"trainer.{name}")
     msg = err["msg"].removeprefix("Value error, ")
+    if not loc:  # a rule between fields: its message names them
+        return msg
     if err["type"] == "string_type" and isinstance(err.get("input"), (int, float)):
         msg += f"; quote it in YAML (\"{err['input']}\" is read as a number)"
     return f"{where}: {msg}"
@@ -98,8 +107,27 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
-def load_profile(name_or_path: str) -> Profile:
-    """Load `config/profiles/NAME.yaml`, or a YAML file by path."""
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
+    """`section.key=value` settings on top of a profile's data, each value read as YAML reads it
+    (`true`, `64`, `[memory, node]`); the result is validated as the file is."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        path = [p for p in key.strip().split(".") if p]
+        if not sep or not path:
+            raise ProfileError(f"--set {item!r}: expected KEY=VALUE, e.g. trainer.compile=true")
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ProfileError(f"--set {item!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = parse_yaml(text, f"--set {key}")
+    return out
+
+
+def load_profile(name_or_path: str, overrides: Sequence[str] = ()) -> Profile:
+    """Load `config/profiles/NAME.yaml`, or a YAML file by path, with `--set` overrides."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILE_DIR / f"{name_or_path}.yaml"
@@ -107,8 +135,13 @@ def load_profile(name_or_path: str) -> Profile:
         raise ProfileError(
             f"profile {name_or_path!r} not found; available: {', '.join(available_profiles())}"
         )
-    data = parse_yaml(path.read_text(), str(path)) or {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"profile file {path} is not UTF-8 text (byte {exc.start}); is it "
+                           "a YAML file?") from None
+    data = parse_yaml(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ProfileError(f"profile file {path} must hold a mapping")
     data.setdefault("name", path.stem)
-    return profile_from_dict(data)
+    return profile_from_dict(apply_overrides(data, overrides))

@@ -10,11 +10,12 @@ import re
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from config.contract import MODE_NAMES, RecoveryMode
+from config.contract import MODE_NAMES, PRIVATE_SUBNET_PREFIX, RecoveryMode
 from config.errors import ProfileError
 from config.instances import InstanceSpec, instance_spec
+from config.training import PRESET_TOKENIZERS, TrainConfig, pod_owned
 from config.versions import DEFAULT_EKS_VERSION, check_eks_version
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -141,64 +142,53 @@ class StorageSettings(_Strict):
 
 
 class RecoverySettings(_Strict):
-    """Restart budgets and timeouts; the manifests and the trainer flags both read these."""
+    """The launcher's and the Job's side of recovery; the trainer's own timeouts are settings of
+    the `trainer:` section (soft_timeout, hard_timeout, nccl_timeout, ...)."""
 
     mode: RecoveryMode = RecoveryMode.FT_LAUNCHER_INPROCESS
-    max_restarts: int = Field(default=20, ge=0)
+    max_restarts: int = Field(default=20, ge=0)  # ft_launcher's worker-group restarts
     backoff_limit: int = Field(default=10, ge=0)
     heartbeat_timeout_s: float = Field(default=300.0, gt=0)
     initial_heartbeat_timeout_s: float = Field(default=1200.0, gt=0)
     monitor_interval_s: float = Field(default=0.3, gt=0)  # NVRx 0.7's default
-    soft_timeout_s: float = Field(default=60.0, gt=0)
-    hard_timeout_s: float = Field(default=90.0, gt=0)
-    barrier_timeout_s: float = Field(default=120.0, gt=0)
-    completion_timeout_s: float = Field(default=120.0, gt=0)
     # How long a node waits at rendezvous for the others. It must outlast a node replacement:
     # detection and eviction (~2 min), a new p5 booting and joining (~10 min), the image pull
     # (~5-10 min for 20 GB). NVRx's default of 600 s does not.
     rdzv_join_timeout_s: float = Field(default=1800.0, gt=0)
-    # Below hard_timeout_s: in in-process modes the trainer requires a hung collective to time out
-    # (and raise) before the Wrapper's hard timeout kills the rank; 60 s as in the published example.
-    nccl_timeout_s: float = Field(default=60.0, gt=0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "RecoverySettings":
-        if self.hard_timeout_s <= self.soft_timeout_s:
-            raise ValueError(
-                f"hard_timeout_s {self.hard_timeout_s} must exceed soft_timeout_s {self.soft_timeout_s}"
-            )
-        return self
 
 
 class TierSettings(_Strict):
-    """Checkpoint tiers (memory, node, peer, durable) and the host memory they may use."""
+    """Where the node tier lives and what the nodes give it; which tiers run, and how often, are
+    settings of the `trainer:` section (tiers, snapshot_interval, memory_budget_gib)."""
 
-    snapshot_interval: int = Field(default=1, ge=0)
-    tiers: tuple[Literal["memory", "node", "peer"], ...] = ("memory", "node", "peer")
-    memory_budget_gib: float = Field(default=0.0, ge=0)  # per rank; 0: derived from the model
     shm_size_gib: float = Field(default=16.0, gt=0)  # /dev/shm headroom beyond checkpoint buffers
     node_dir: Literal["shm", "nvme"] = "shm"
     # GPU nodes back every tmpfs (the pods' /dev/shm) with 2 MiB pages: a restarted worker
-    # registers its snapshot slots with CUDA 5x faster, and exits 4x faster (BENCHMARKS.md 8).
+    # registers its snapshot slots with CUDA several times faster (BENCHMARKS.md).
     huge_tmpfs: bool = True
 
 
-class TrainerSettings(_Strict):
-    model: str = "llama3.1-8b"
-    max_steps: int = Field(default=2000, ge=1)
-    seq_len: int = Field(default=2048, ge=8)
-    batch_size: int = Field(default=1, ge=1)
-    lr: float = Field(default=3e-4, gt=0)
-    seed: int = 1234
-    checkpoint_interval: int = Field(default=500, ge=0)
-    use_async_checkpoint: bool = True
-    keep_checkpoints: int = Field(default=2, ge=1)
-    dataset_samples: int = Field(default=100_000, ge=1)
-    fault_count: int = Field(default=0, ge=0)
-    fault_seed: int = 42
-    fault_types: tuple[str, ...] = ("exception", "hang")
-    fault_type_weights: tuple[float, ...] = (0.6, 0.4)
-    fault_after_step: int = Field(default=10, ge=0)
+def _trainer_section() -> type[BaseModel]:
+    """The profile's `trainer:` section: every trainer setting a profile may set, under its own
+    name, with the trainer's own type, default, bounds and description (`config.training`).
+    The rules between settings run once the deployment adds its own (`k8s.deployment`)."""
+    fields = {name: (info.annotation, info) for name, info in TrainConfig.model_fields.items()
+              if name not in pod_owned()}
+    return create_model("TrainerSettings", __config__=ConfigDict(extra="forbid", frozen=True,
+                                                                  allow_inf_nan=False), **fields)
+
+
+TrainerSettings = _trainer_section()
+
+
+class DataSettings(_Strict):
+    """The data-prep Job: what it tokenizes onto FSx, with which tokenizer."""
+
+    source: str = "c4"  # c4, a Hugging Face dataset id, or a path on FSx (.jsonl, .parquet, a directory)
+    samples: int = Field(default=100_000, ge=1)  # documents to take
+    text_field: str = "text"
+    # None: the model's own (config.training.PRESET_TOKENIZERS); "byte" for tiny test runs.
+    tokenizer: Optional[str] = None
 
 
 class Profile(_Strict):
@@ -221,7 +211,8 @@ class Profile(_Strict):
     storage: StorageSettings = StorageSettings()
     recovery: RecoverySettings = RecoverySettings()
     tiers: TierSettings = TierSettings()
-    trainer: TrainerSettings = TrainerSettings()
+    trainer: TrainerSettings = TrainerSettings()  # type: ignore[valid-type]
+    data: DataSettings = DataSettings()
 
     @field_validator("instance_type")
     @classmethod
@@ -249,7 +240,23 @@ class Profile(_Strict):
                 f"which has {derived}"
             )
         self._check_second_az()
+        self._check_subnet_room()
         return self
+
+    def _check_subnet_room(self) -> None:
+        """A new VPC's GPU subnet must give every node its addresses; an existing VPC's subnets
+        are the user's to size."""
+        if self.cluster.vpc_id is not None:
+            return
+        usable = 2 ** (32 - PRIVATE_SUBNET_PREFIX) - 5  # AWS reserves five per subnet
+        room = usable // self.instance.subnet_addresses
+        if self.node_count > room:
+            raise ValueError(
+                f"node_count {self.node_count}: the new VPC's GPU subnet (/{PRIVATE_SUBNET_PREFIX}, "
+                f"{usable} addresses) holds at most {room} {self.instance_type} nodes at "
+                f"{self.instance.subnet_addresses} addresses each; deploy into an existing VPC with "
+                "a larger subnet (cluster.vpc_id)"
+            )
 
     def _check_second_az(self) -> None:
         second = self.cluster.second_availability_zone
@@ -265,6 +272,12 @@ class Profile(_Strict):
                 f"cluster.second_availability_zone {second!r} must be another AZ of region "
                 f"{self.region!r} than {self.availability_zone!r}"
             )
+
+    @property
+    def tokenizer(self) -> str:
+        """The data-prep tokenizer: the profile's, else the model's own."""
+        model = self.trainer.model
+        return self.data.tokenizer or PRESET_TOKENIZERS.get(model, model)
 
     @property
     def instance(self) -> InstanceSpec:

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from config import RECOVERY_MODES, Profile, ProfileError, load_profile
+from config.training import settings_lines
 from k8s import synth
-from k8s.deployment import DEFAULT_TOKENIZER, Deployment, resolve
+from k8s.deployment import Deployment, resolve
 from k8s.errors import SynthError
 from k8s.outputs import default_outputs_path, load_outputs
 
@@ -28,7 +29,9 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
         help="CDK outputs file (default: ./cdk-outputs.json when it exists)",
     )
     parser.add_argument("--run-id", help="run directory and object names (default: <mode>-<UTC time>)")
-    parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="data prep tokenizer: a model dir or 'byte'")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one profile value for this run, validated as the file is "
+                        "(repeatable): --set trainer.compile=true --set data.tokenizer=byte")
     add_image_tag_arg(parser)
 
 
@@ -38,8 +41,8 @@ def add_image_tag_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def profile_from_args(args: argparse.Namespace) -> Profile:
-    """The named profile, with the --image-tag override applied."""
-    profile = load_profile(args.profile)
+    """The named profile, with the --set and --image-tag overrides applied."""
+    profile = load_profile(args.profile, getattr(args, "overrides", ()))
     if getattr(args, "image_tag", None):
         profile = profile.model_copy(update={"image_tag": args.image_tag})
     return profile
@@ -54,7 +57,6 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
         load_outputs(outputs_path),
         mode=args.mode,
         run_id=args.run_id,
-        tokenizer=args.tokenizer,
     )
 
 
@@ -76,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return SynthError.exit_code
     print(f"run {dep.run_id} ({dep.mode}, {dep.profile.node_count}x {dep.profile.instance_type})")
+    for line in settings_lines(dep.train):
+        print(f"  trainer {line}")
     for path in paths:
         print(path)
     return 0

@@ -7,17 +7,10 @@ profile. `$(JOB_COMPLETION_INDEX)` is expanded by the kubelet, so no shell is ne
 
 from __future__ import annotations
 
+from config.training import TrainConfig, pod_owned
+from config.training import shown as fmt  # values as the launcher's and trainer's parsers read them
 from k8s import naming
 from k8s.deployment import Deployment
-
-
-def fmt(value: float | int | bool) -> str:
-    """Numbers as the trainer's argparse expects them: 300.0 -> '300', 0.6 -> '0.6'."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def restarts_for(dep: Deployment) -> int:
@@ -45,38 +38,17 @@ def launcher_argv(dep: Deployment) -> list[str]:
 
 
 def trainer_argv(dep: Deployment) -> list[str]:
-    t, rec, tiers = dep.profile.trainer, dep.profile.recovery, dep.profile.tiers
-    return [
-        "--model", t.model,
-        "--data_path", dep.data_dir,
-        "--max_steps", str(t.max_steps),
-        "--seq_len", str(t.seq_len),
-        "--batch_size", str(t.batch_size),
-        "--lr", fmt(t.lr),
-        "--seed", str(t.seed),
-        "--checkpoint_dir", dep.checkpoint_dir,
-        "--checkpoint_interval", str(t.checkpoint_interval),
-        "--use_async_checkpoint", fmt(t.use_async_checkpoint),
-        "--keep_checkpoints", str(t.keep_checkpoints),
-        "--resume", "auto",  # a restarted pod resumes; a new run starts in an empty directory
-        "--results_path", dep.results_path,
-        "--device", "cuda",
-        "--fault_count", str(t.fault_count),
-        "--fault_seed", str(t.fault_seed),
-        "--fault_types", ",".join(t.fault_types),
-        "--fault_type_weights", ",".join(fmt(w) for w in t.fault_type_weights),
-        "--fault_after_step", str(t.fault_after_step),
-        "--soft_timeout", fmt(rec.soft_timeout_s),
-        "--hard_timeout", fmt(rec.hard_timeout_s),
-        "--barrier_timeout", fmt(rec.barrier_timeout_s),
-        "--completion_timeout", fmt(rec.completion_timeout_s),
-        "--inprocess_max_restarts", str(rec.max_restarts),
-        "--nccl_timeout", fmt(rec.nccl_timeout_s),
-        "--snapshot_interval", str(tiers.snapshot_interval),
-        "--tiers", ",".join(tiers.tiers),
-        "--memory_budget_gib", fmt(tiers.memory_budget_gib),
-        "--node_dir", dep.node_dir,
-    ]  # fmt: skip
+    """The pods' trainer flags: the deployment's own settings, and every setting whose value
+    differs from the trainer's default, each spelled as its flag. The mode is the launcher's
+    flag, which forwards it."""
+    train, argv = dep.train, []
+    for name, info in TrainConfig.model_fields.items():
+        value = getattr(train, name)
+        if name == "mode":
+            continue
+        if name in pod_owned() or value != info.default:
+            argv += [f"--{name}", fmt(value)]
+    return argv
 
 
 def training_command(dep: Deployment) -> tuple[list[str], list[str]]:
@@ -90,8 +62,8 @@ def data_prep_command(dep: Deployment) -> tuple[list[str], list[str]]:
         ["python", "-m", "trainer.loop.data"],
         [
             "prepare",
-            "--source", "c4",
-            "--num_samples", str(dep.profile.trainer.dataset_samples),
+            "--source", dep.profile.data.source,
+            "--num_samples", str(dep.profile.data.samples),
             "--tokenizer", dep.tokenizer,
             "--output", dep.data_dir,
         ],

@@ -1,15 +1,19 @@
 """Everything one synthesis needs, resolved once from the profile, the stack outputs and the CLI.
 
-The charts read only this object, so every consistency check (profile vs outputs, mode vs
-timeouts, names vs DNS limits) happens here, before any manifest is built.
+The charts read only this object, so every consistency check (profile vs outputs, the trainer's
+settings with the pod's paths, names vs DNS limits) happens here, before any manifest is built.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from pydantic import ValidationError
+
 from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
+from config.training import TrainConfig, batch_problem, describe
 from k8s import naming, outputs
 from k8s.errors import SynthError
 from k8s.outputs import StackOutputs
@@ -18,7 +22,6 @@ SHM_MOUNT = "/dev/shm"
 NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
 CONFIG_MOUNT = "/etc/nvrx-eks"
 SETTINGS_FILE = "settings.json"
-DEFAULT_TOKENIZER = "byte"
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,10 @@ class Deployment:
     fsx_claim: str
     node_local_host_dir: str | None  # NodeLocalDir from the outputs; None unless node_dir == nvme
     namespace_owned_by_stack: bool
-    tokenizer: str = DEFAULT_TOKENIZER
+
+    @property
+    def tokenizer(self) -> str:
+        return self.profile.tokenizer
 
     @property
     def image_pull_policy(self) -> str:
@@ -95,7 +101,10 @@ class Deployment:
 
     @property
     def data_dir(self) -> str:
-        return f"{self.fsx_mount}/data/c4"
+        """One directory per (source, tokenizer, size): data of another model never mixes in."""
+        data = self.profile.data
+        parts = (data.source, self.tokenizer, str(data.samples))
+        return f"{self.fsx_mount}/data/" + ".".join(_slug(p) for p in parts)
 
     @property
     def node_local_host_path(self) -> str | None:
@@ -111,25 +120,40 @@ class Deployment:
             return NODE_LOCAL_MOUNT
         return f"{SHM_MOUNT}/nvrx"
 
+    @property
+    def train(self) -> TrainConfig:
+        """The pods' trainer settings: the profile's, with the paths and mode of this run."""
+        return trainer_settings(self)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+
+
+def trainer_settings(dep: Deployment) -> TrainConfig:
+    """The profile's trainer section plus what the deployment decides; the trainer's own rules
+    (timeouts in order, weights matching the types...) run here, so a profile the trainer would
+    reject fails at synth with its one-line message, not minutes later in a pod."""
+    where = f"profile {dep.profile.name!r} (mode {dep.mode}): the trainer rejects its flags"
+    try:
+        train = TrainConfig(
+            **dep.profile.trainer.model_dump(), data_path=dep.data_dir,
+            checkpoint_dir=dep.checkpoint_dir, results_path=dep.results_path,
+            node_dir=dep.node_dir, device="cuda", mode=dep.mode,
+            resume="auto")  # a restarted pod resumes; a new run starts in an empty directory
+    except ValidationError as exc:
+        raise SynthError(f"{where}: {describe(exc, lambda name: f'trainer.{name}')}") from None
+    world = dep.profile.world_size
+    problem = train.global_batch_size and batch_problem(train.global_batch_size, train.batch_size, world)
+    if problem:
+        raise SynthError(f"{where}: {problem.replace('--batch_size', 'trainer.batch_size')}")
+    return train
+
 
 def _check_mode(mode: str) -> str:
     if mode not in RECOVERY_MODES:
         raise SynthError(f"mode {mode!r} is not one of {', '.join(RECOVERY_MODES)}")
     return mode
-
-
-def _check_timeouts(profile: Profile, mode: str) -> None:
-    """In in-process modes a collective stuck on a dead peer must time out and raise (the pods run
-    with TORCH_NCCL_ASYNC_ERROR_HANDLING=2, so the watchdog aborts the communicator without
-    killing the process) before the Wrapper's hard timeout kills the rank. The trainer rejects
-    the opposite order at start-up with exit code 2; catching it here saves a failed Job."""
-    rec = profile.recovery
-    if RecoveryMode(mode).in_process and rec.nccl_timeout_s >= rec.hard_timeout_s:
-        raise SynthError(
-            f"profile {profile.name!r}: recovery.nccl_timeout_s {rec.nccl_timeout_s:g} must be below "
-            f"recovery.hard_timeout_s {rec.hard_timeout_s:g} in mode {mode!r} (a rank blocked in a "
-            "collective must get its NCCL error before the in-process hard timeout kills it)"
-        )
 
 
 def check_outputs_match(profile: Profile, out: StackOutputs) -> None:
@@ -156,12 +180,10 @@ def resolve(
     out: StackOutputs,
     mode: str | None = None,
     run_id: str | None = None,
-    tokenizer: str = DEFAULT_TOKENIZER,
     now: datetime | None = None,
 ) -> Deployment:
     """Combine profile, outputs and CLI choices; raise SynthError naming the first bad value."""
     chosen_mode = _check_mode(mode or profile.recovery.mode)
-    _check_timeouts(profile, chosen_mode)
     check_outputs_match(profile, out)
     rid = naming.validate_run_id(
         run_id or naming.default_run_id(chosen_mode, now), profile.node_count, profile.workload
@@ -178,9 +200,6 @@ def resolve(
         fsx_claim=out.require(outputs.FSX_PVC_NAME, "the FSx claim every pod mounts"),
         node_local_host_dir=node_local,
         namespace_owned_by_stack=out.get(outputs.NAMESPACE) is not None,
-        tokenizer=tokenizer,
     )
-    from k8s.trainer_check import check_trainer_args  # imports k8s.commands, which imports us
-
-    check_trainer_args(dep)
+    trainer_settings(dep)  # refuse now what the pods would refuse
     return dep

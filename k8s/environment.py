@@ -50,9 +50,10 @@ def network_env(spec: InstanceSpec) -> dict[str, str]:
 
 
 def recovery_env(dep: Deployment) -> dict[str, str]:
-    """PyTorch NCCL watchdog behaviour matching the recovery mode and the profile's timeouts."""
-    rec = dep.profile.recovery
-    return contract.process_env(dep.recovery_mode, rec.nccl_timeout_s, rec.hard_timeout_s)
+    """PyTorch NCCL watchdog behaviour matching the recovery mode and the trainer's timeouts."""
+    train = dep.train
+    return contract.process_env(dep.recovery_mode, train.collective_timeout("cuda"),
+                                train.hard_timeout)
 
 
 def run_env(dep: Deployment) -> dict[str, str]:

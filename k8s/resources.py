@@ -88,21 +88,21 @@ def checkpoint_buffers_gib(profile: Profile) -> float:
     Without snapshot tiers, checkpoints are staged in one buffer of one shard; with them,
     checkpoints are written from the snapshot slots (config.contract.snapshot_bytes). A shard is
     the model's training state divided over all ranks.
-    `tiers.memory_budget_gib` overrides the snapshot part (it is also what the trainer is given).
+    `trainer.memory_budget_gib` overrides the snapshot part (it is also what the trainer is given).
     """
     from trainer.loop.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters  # no torch
 
-    tiers, model = profile.tiers, profile.trainer.model
-    if model not in PRESETS:
-        if tiers.memory_budget_gib:
-            return tiers.memory_budget_gib
-        raise SynthError(f"profile {profile.name!r}: trainer.model {model!r} is not a preset, so "
-                         "tiers.memory_budget_gib must give the snapshot memory per rank")
-    shard = preset_parameters(model) * STATE_BYTES_PER_PARAMETER / profile.world_size
-    if tiers.tiers and tiers.snapshot_interval:
-        peer = "peer" in tiers.tiers and profile.node_count > 1
-        return tiers.memory_budget_gib or snapshot_bytes(
-            int(shard), peer, durable=profile.trainer.checkpoint_interval > 0) / 2**30
+    t = profile.trainer
+    if t.model not in PRESETS:
+        if t.memory_budget_gib:
+            return t.memory_budget_gib
+        raise SynthError(f"profile {profile.name!r}: trainer.model {t.model!r} is not a preset, so "
+                         "trainer.memory_budget_gib must give the snapshot memory per rank")
+    shard = preset_parameters(t.model) * STATE_BYTES_PER_PARAMETER / profile.world_size
+    if t.tiers and t.snapshot_interval:
+        peer = "peer" in t.tiers and profile.node_count > 1
+        return t.memory_budget_gib or snapshot_bytes(
+            int(shard), peer, durable=t.checkpoint_interval > 0) / 2**30
     return shard / 2**30
 
 
@@ -121,7 +121,7 @@ def check_memory_budget(profile: Profile, resources: PodResources) -> None:
             f"profile {profile.name!r}: /dev/shm of {shm} GiB (checkpoint buffers of "
             f"{profile.gpus_per_node} ranks plus tiers.shm_size_gib {profile.tiers.shm_size_gib:g}) "
             f"leaves too little of the {resources.memory_gib} GiB of a {profile.instance_type} "
-            "training pod; lower tiers.memory_budget_gib, the snapshot tiers or the model size")
+            "training pod; lower trainer.memory_budget_gib, the snapshot tiers or the model size")
 
 
 def gib_quantity(gib: float) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config import Profile, ProfileError
+from config.training import settings_lines
 from k8s import naming, outputs, synth
 from k8s.charts.results import CONTAINER as RESULTS_CONTAINER
 from k8s.cli import add_deployment_args, add_image_tag_arg, profile_from_args
@@ -88,7 +89,6 @@ class Session:
             self.outputs,
             mode=getattr(self.args, "mode", None),
             run_id=run_id or getattr(self.args, "run_id", None),
-            tokenizer=getattr(self.args, "tokenizer", "byte"),
         )
 
     def synthesize(self, dep: Deployment, parts: Sequence[str]) -> dict[str, Path]:
@@ -162,6 +162,8 @@ def cmd_submit(s: Session) -> int:
     s.kubectl.show(
         f"# run {dep.run_id}: {dep.mode}, {dep.profile.node_count}x {dep.profile.instance_type}, {dep.run_dir}"
     )
+    for line in settings_lines(dep.train):
+        s.kubectl.show(f"# trainer {line}")
     return 0
 
 

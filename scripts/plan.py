@@ -64,7 +64,7 @@ def make_plan(profile: Profile, nodes: int | None = None) -> Plan:
     params = preset_parameters(model)
     total = params * STATE_BYTES_PER_PARAMETER
     per_rank = -(-total // ranks)
-    tiers = profile.tiers
+    tiers = profile.trainer
     snapshots = 0
     if tiers.tiers and tiers.snapshot_interval:
         peer = "peer" in tiers.tiers and nodes > 1

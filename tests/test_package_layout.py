@@ -37,8 +37,63 @@ def test_the_trainer_extra_carries_no_plotting_or_cloud_sdk():
 
 
 def test_manifest_side_reads_trainer_settings_without_torch():
-    code = ("import sys, k8s.resources, k8s.trainer_check, scripts.plan, trainer.config, "
+    code = ("import sys, k8s.resources, k8s.deployment, scripts.plan, trainer.config, "
             "trainer.loop.model; sys.exit('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:] or "torch was imported"
+
+
+PACKAGES = ("config", "trainer", "k8s", "infra", "scripts", "devtools", "bench")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_imports(path: Path, known: set[str]) -> set[str]:
+    """Every project module `path` imports, at module level or inside a function (a deferred
+    import is still a dependency), resolved to the longest known module name."""
+    out = set()
+    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                out.add(name)
+    return out
+
+
+def test_no_import_cycles():
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    known = {module_name(p) for p in files}
+    graph = {module_name(p): project_imports(p, known) - {module_name(p)} for p in files}
+    # A package's __init__ importing its own modules is how a package exports: not a cycle.
+    for mod in graph:
+        graph[mod] = {dep for dep in graph[mod] if not (dep in graph and mod.startswith(dep + "."))}
+    cycles, state = [], {}
+
+    def visit(mod: str, stack: list[str]) -> None:
+        state[mod] = "open"
+        for dep in sorted(graph.get(mod, ())):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[mod] = "done"
+
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod, [mod])
+    assert cycles == []

@@ -10,6 +10,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from config import contract
 from infra.errors import DeploymentError
 
 # Placeholders CDK uses while an availability-zone or VPC lookup is still pending.
@@ -103,7 +104,8 @@ class Network(Construct):
                 # /19: room for pod IPs (VPC CNI gives every pod a VPC address); EFA-only
                 # interfaces take no address.
                 ec2.SubnetConfiguration(
-                    name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19
+                    name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                    cidr_mask=contract.PRIVATE_SUBNET_PREFIX,
                 ),
             ],
             # One NAT gateway, in the GPU AZ, so GPU-node egress does not cross AZs.

@@ -93,10 +93,10 @@ def test_nvme_node_dir_needs_node_local_dir_and_mounts_it(outputs_file) -> None:
 
 def test_in_process_modes_need_nccl_timeout_below_hard_timeout(outputs_file) -> None:
     data = yaml.safe_load((REPO / "config/profiles/p5.yaml").read_text()) | {"name": "p5"}
-    data["recovery"] = {"nccl_timeout_s": 120, "soft_timeout_s": 60, "hard_timeout_s": 90}
+    data["trainer"] |= {"nccl_timeout": 120, "soft_timeout": 60, "hard_timeout": 90}
     profile = profile_from_dict(data)
     out = load_outputs(outputs_file("p5"))
-    with pytest.raises(SynthError, match="nccl_timeout_s 120 must be below recovery.hard_timeout_s 90"):
+    with pytest.raises(SynthError, match="trainer.nccl_timeout 120 must be below trainer.hard_timeout 90"):
         resolve(profile, out, mode="inprocess", run_id="r1")
     assert resolve(profile, out, mode="ft_launcher", run_id="r1").mode == "ft_launcher"
 

@@ -38,19 +38,20 @@ def test_launcher_flags_per_mode(synthesis) -> None:
 
 def test_watchdog_environment_per_mode(synthesis) -> None:
     env = {name: e.get("value") for name, e in synthesis.env.items()}
-    rec = synthesis.dep.profile.recovery
+    train = synthesis.dep.train
+    nccl_timeout_s, hard_timeout_s = train.collective_timeout("cuda"), train.hard_timeout
     if synthesis.dep.recovery_mode.in_process:
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
         assert env["NCCL_NVLS_ENABLE"] == "0"
         assert env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0"
-        assert rec.nccl_timeout_s < rec.hard_timeout_s
+        assert nccl_timeout_s < hard_timeout_s
     else:
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
         assert "NCCL_NVLS_ENABLE" not in env
         assert "TORCH_NCCL_RETHROW_CUDA_ERRORS" not in env
     assert env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
     assert env["TORCH_CPP_LOG_LEVEL"] == "ERROR"
-    assert int(env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]) > max(rec.nccl_timeout_s, rec.hard_timeout_s)
+    assert int(env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]) > max(nccl_timeout_s, hard_timeout_s)
 
 
 def test_pod_environment_and_launcher_environment_agree(synthesis) -> None:

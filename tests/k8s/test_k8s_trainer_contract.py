@@ -27,9 +27,7 @@ def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
     cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)  # FSx is not here
     assert cfg.checkpoint_dir == dep.checkpoint_dir
     assert cfg.results_path == dep.results_path
-    assert cfg.nccl_timeout == dep.profile.recovery.nccl_timeout_s
-    assert cfg.inprocess_max_restarts == dep.profile.recovery.max_restarts
-    assert cfg.device == "cuda"
+    assert cfg == dep.train and cfg.device == "cuda"
 
 
 def test_the_pods_open_the_ports_the_launcher_and_its_ranks_use(synthesis) -> None:
@@ -72,7 +70,7 @@ def test_data_prep_args_are_accepted(synth_for, monkeypatch: pytest.MonkeyPatch)
     assert trainer.loop.data.main(container["args"]) == 2  # the fake's error, after parsing succeeded
     assert seen == {
         "source": "c4",
-        "num_samples": synthesis.dep.profile.trainer.dataset_samples,
-        "tokenizer": "byte",
-        "output": "/fsx/data/c4",
+        "num_samples": synthesis.dep.profile.data.samples,
+        "tokenizer": "meta-llama/Llama-3.1-8B",  # the model's own
+        "output": synthesis.dep.data_dir,
     }

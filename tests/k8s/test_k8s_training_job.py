@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from config import instance_spec
+from config.training import pod_owned
 from k8s import naming
 from k8s.resources import SYSTEM_MEMORY_FRACTION, shm_size_gib
 
@@ -152,16 +153,20 @@ def test_settings_config_map_records_the_run(synthesis) -> None:
 
 
 def test_trainer_flags_follow_the_profile(synthesis) -> None:
-    t, rec = synthesis.dep.profile.trainer, synthesis.dep.profile.recovery
+    from trainer.config import parse_args
+
+    dep, t = synthesis.dep, synthesis.dep.profile.trainer
     assert synthesis.args_value("--model") == t.model
     assert synthesis.args_value("--max_steps") == str(t.max_steps)
     assert synthesis.args_value("--checkpoint_interval") == str(t.checkpoint_interval)
-    assert synthesis.args_value("--fault_types") == ",".join(t.fault_types)
-    assert float(synthesis.args_value("--hard_timeout")) == rec.hard_timeout_s
-    assert float(synthesis.args_value("--nccl_timeout")) == rec.nccl_timeout_s
-    assert synthesis.args_value("--tiers") == ",".join(synthesis.dep.profile.tiers.tiers)
+    assert synthesis.args_value("--tiers") == ",".join(t.tiers)
     assert synthesis.args_value("--node_dir") == "/dev/shm/nvrx"
-    assert synthesis.args_value("--data_path") == f"{synthesis.dep.profile.storage.mount_path}/data/c4"
+    assert synthesis.args_value("--data_path") == dep.data_dir
+    assert dep.data_dir.startswith(f"{dep.profile.storage.mount_path}/data/")
+    trainer_args = synthesis.trainer["args"][synthesis.trainer["args"].index("--") + 1:]
+    # Every setting reaches the pod: what the trainer parses there is the profile's, whole.
+    assert parse_args([*trainer_args, "--mode", dep.mode], environment=False) == dep.train
+    assert dep.train.model_dump(exclude=set(pod_owned())) == t.model_dump()
 
 
 def test_no_secret_values_anywhere(synthesis) -> None:

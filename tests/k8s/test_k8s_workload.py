@@ -139,10 +139,10 @@ def test_jobset_run_ids_leave_room_for_the_longer_hostnames(outputs_of) -> None:
 @pytest.mark.parametrize(
     "trainer, recovery, message",
     [
-        ({}, {"barrier_timeout_s": 80.0}, "timeouts must satisfy soft (60.0) < hard (90.0) < barrier (80.0)"),
-        ({"fault_count": 2, "fault_types": ["exception", "meteor"], "fault_type_weights": [0.5, 0.5]}, {},
-         "--fault_types 'meteor' is unknown"),
-        ({"fault_count": 2, "fault_type_weights": [1.0]}, {}, "--fault_type_weights has 1 values for 2 fault types"),
+        ({"barrier_timeout": 80.0}, {}, "timeouts must satisfy soft (60.0) < hard (90.0) < barrier (80.0)"),
+        ({"fault_count": 2, "fault_types": ("exception", "meteor"), "fault_type_weights": (0.5, 0.5)}, {},
+         "trainer.fault_types 'meteor' is unknown"),
+        ({"fault_count": 2, "fault_type_weights": (1.0,)}, {}, "trainer.fault_type_weights has 1 values for 2 fault types"),
     ],
     ids=["barrier-below-hard", "unknown-fault", "mismatched-weights"],
 )  # fmt: skip
@@ -171,7 +171,7 @@ def test_trainer_rejection_through_the_cli_is_exit_2(tmp_path: Path, outputs_fil
     )  # fmt: skip
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--fault_types 'meteor' is unknown" in lines[0]
+    assert len(lines) == 1 and "trainer.fault_types 'meteor' is unknown" in lines[0]
     assert not (tmp_path / "dist").exists()
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from config.training import GROUPS, TrainConfig
+
 from scripts.nvrx_eks import main
 
 NS = "kubectl --namespace nvrx"
@@ -32,11 +34,30 @@ def run(outputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
 def test_submit(run, tmp_path: Path) -> None:
     code, out, _ = run("submit", "--mode", "baseline", "--run-id", "r1")
     assert code == 0
-    assert out == [
+    assert out[:2] == [
         f"{NS} apply --filename dist/p5/10-common.yaml --filename dist/p5/30-train-r1.yaml",
         "# run r1: baseline, 2x p5.48xlarge, /fsx/runs/r1",
     ]
+    # then the effective trainer settings, every one of them, one line per group
+    assert [line.split(":")[0] for line in out[2:]] == [f"# trainer {g}" for g in GROUPS]
+    shown = " ".join(out[2:])
+    assert all(f" {name}=" in shown for name in TrainConfig.model_fields)
+    assert " compile=false " in shown and " checkpoint_dir=/fsx/runs/r1/checkpoints " in shown
     assert not (tmp_path / "dist").exists()  # dry-run writes nothing
+
+
+def test_submit_with_an_override_is_validated_as_the_file_is(run) -> None:
+    code, out, _ = run("submit", "--run-id", "r1", "--set", "trainer.compile=true",
+                       "--set", "trainer.global_batch_size=64")
+    assert code == 0
+    shown = " ".join(out)
+    assert " compile=true " in shown and " global_batch_size=64 " in shown
+    code, _, err = run("submit", "--run-id", "r1", "--set", "trainer.compil=true")
+    assert code == 2 and err.strip().splitlines() == [
+        "nvrx-eks: error: profile 'p5': trainer.compil: unknown key; did you mean 'compile'?"]
+    code, _, err = run("submit", "--run-id", "r1", "--set", "trainer.global_batch_size=3")
+    assert code == 2 and "global batch size 3 cannot be kept at world size 16" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_submit_applies_the_namespace_when_the_stack_does_not_own_it(run, tmp_path: Path, outputs: Path) -> None:

@@ -25,14 +25,22 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
+from trainer.errors import ConfigError
+
 BYTE_EOS = 256
 BYTE_VOCAB = 258  # 256 bytes + EOS + BOS
 C4_REPO = "allenai/c4"
 C4_FILE = "en/c4-train.{:05d}-of-01024.json.gz"
 
 
+TOKEN_DTYPES = ("uint16", "uint32")
+SAMPLE_BYTES = 1 << 16  # per probe of the token file before launch: four probes, 256 KiB
+
+
 @dataclass(frozen=True)
 class DataMeta:
+    """meta.json: what tokens.bin holds and which tokenizer made it."""
+
     num_tokens: int
     dtype: str
     vocab_size: int
@@ -40,10 +48,73 @@ class DataMeta:
     tokenizer: str
     source: str
     documents: int
+    max_token_id: int = -1  # the largest id in tokens.bin (-1: not recorded)
 
     @staticmethod
     def read(path: Path) -> "DataMeta":
-        return DataMeta(**json.loads((path / "meta.json").read_text()))
+        return DataMeta(**json.loads((path / "meta.json").read_text(encoding="utf-8")))
+
+
+class DataError(ConfigError):
+    """A data directory that would fail inside the ranks: refused before launch, by name."""
+
+
+def check_data(path: Path, model_vocab: Optional[int], model_tokenizer: Optional[str],
+               sample: bool = False, flag: str = "--data_path",
+               warn=lambda msg: print(msg, file=sys.stderr)) -> DataMeta:
+    """Refuse, with one line naming the file, data that the ranks would fail on late and
+    vaguely: a missing or unreadable meta.json, a token file whose size disagrees with it, an
+    unknown dtype, ids beyond the model's vocabulary. With `sample`, also read four small
+    pieces of tokens.bin (start, end and two between) and check their ids: a cheap bound that
+    catches a token file from another preparation. A tokenizer other than the model's is
+    allowed (the tiny local runs train presets on bytes), with a warning."""
+    where = f"{flag} {str(path)!r}"
+    if not path.is_dir():
+        raise DataError(f"{where} is not a directory; build one with "
+                        "`python -m trainer.loop.data prepare`")
+    for name in ("meta.json", "tokens.bin"):
+        if not (path / name).is_file():
+            raise DataError(f"{where} has no {name}; build it with "
+                            "`python -m trainer.loop.data prepare`")
+    try:
+        meta = DataMeta.read(path)
+    except (ValueError, TypeError) as exc:  # JSON, UTF-8 and missing or unknown keys
+        raise DataError(f"{where}: meta.json is not a data description ({exc}); prepare the "
+                        "data again") from None
+    if meta.dtype not in TOKEN_DTYPES:
+        raise DataError(f"{where}: meta.json names dtype {meta.dtype!r}; allowed: "
+                        f"{', '.join(TOKEN_DTYPES)}")
+    itemsize = np.dtype(meta.dtype).itemsize
+    size = (path / "tokens.bin").stat().st_size
+    if size != meta.num_tokens * itemsize:
+        raise DataError(f"{where}: tokens.bin holds {size} bytes, but meta.json says "
+                        f"{meta.num_tokens} tokens of {meta.dtype} ({meta.num_tokens * itemsize} "
+                        "bytes): a truncated file, or one from another preparation")
+    if model_vocab is not None and meta.vocab_size > model_vocab:
+        raise DataError(f"{where}: tokenizer {meta.tokenizer!r} has {meta.vocab_size} ids, but "
+                        f"the model's vocabulary has {model_vocab}; prepare the data with the "
+                        "model's tokenizer")
+    bound = min(v for v in (model_vocab, meta.vocab_size) if v is not None)
+    if meta.max_token_id >= bound:
+        raise DataError(f"{where}: meta.json records token id {meta.max_token_id}, beyond the "
+                        f"vocabulary of {bound}")
+    if sample:
+        top = _sampled_max(path / "tokens.bin", meta.dtype, meta.num_tokens)
+        if top >= bound:
+            raise DataError(f"{where}: tokens.bin holds token id {top}, beyond the vocabulary "
+                            f"of {bound}: the file does not match meta.json")
+        if model_tokenizer is not None and meta.tokenizer != model_tokenizer:
+            warn(f"warning: {where} was tokenized with {meta.tokenizer!r}, but the model is "
+                 f"trained with {model_tokenizer!r}")
+    return meta
+
+
+def _sampled_max(tokens: Path, dtype: str, num_tokens: int) -> int:
+    """The largest id in four pieces of the token file."""
+    per = SAMPLE_BYTES // np.dtype(dtype).itemsize
+    ids = np.memmap(tokens, dtype=dtype, mode="r", shape=(num_tokens,))
+    starts = {0, max(0, num_tokens - per), num_tokens // 3, 2 * num_tokens // 3}
+    return max((int(ids[s:s + per].max()) for s in starts if s < num_tokens), default=-1)
 
 
 class ByteTokenizer:
@@ -130,17 +201,18 @@ def prepare(source: str, num_samples: int, tokenizer: str, output: Path,
     output = Path(output)
     tmp = output.with_name(output.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    total, docs = 0, 0
+    total, docs, top = 0, 0, -1
     with open(tmp / "tokens.bin", "wb") as f:
         for text in documents(source, num_samples):
             ids = np.asarray(tok.encode(text) + [tok.eos_token_id], dtype=dtype)
             f.write(ids.tobytes())
             total += ids.size
             docs += 1
+            top = max(top, int(ids.max()))
         f.flush()
         os.fsync(f.fileno())
     meta = DataMeta(total, np.dtype(dtype).name, tok.vocab_size, tok.eos_token_id, tok.name,
-                    source, docs)
+                    source, docs, top)
     (tmp / "meta.json").write_text(json.dumps(meta.__dict__, indent=1))
     if output.exists() and replace:
         shutil.rmtree(output)

@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 from trainer.accounting.events import EventLog
 from trainer.config import TrainConfig, accumulation_steps
 from trainer.durable.state import ensure_optimizer_state
-from trainer.errors import FinalError
+from trainer.errors import ConfigError, FinalError
 from trainer.faults.inject import FaultInjector, at_point
 from trainer.faults.schedule import schedule
 from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
@@ -166,7 +166,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
         accumulation_steps(cfg.global_batch_size, cfg.batch_size, env.world_size)
     model_config = llama_config(cfg.model)
     if data.meta.vocab_size > model_config.vocab_size:
-        raise ValueError(f"data in {data.path} uses {data.meta.vocab_size} token ids but model "
+        raise ConfigError(f"data in {data.path} uses {data.meta.vocab_size} token ids but model "
                          f"{cfg.model} has a vocabulary of {model_config.vocab_size}")
     n_params = parameter_count(cfg.model)
     model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4, compile=cfg.compile,

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.jobs import ROOT
-from trainer.config import TrainConfig, accumulation_steps, validate
+from trainer.config import accumulation_steps, from_values, validate
 from trainer.errors import ConfigError
 from trainer.loop.model import PRESETS, flops_per_token, llama_config, preset_parameters
 
@@ -19,13 +19,13 @@ def test_global_batch_flags(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert accumulation_steps(8, 2, 2) == 2 and accumulation_steps(4, 4, 1) == 1
     with pytest.raises(ConfigError, match="--global_batch_size 6 is not a multiple of --batch_size 4"):
-        validate(TrainConfig(global_batch_size=6, batch_size=4))
+        validate(from_values(global_batch_size=6, batch_size=4))
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="global batch size 4 cannot be kept at world size 2"):
-        validate(TrainConfig(global_batch_size=4, batch_size=4))
-    assert validate(TrainConfig(global_batch_size=16, batch_size=4)).global_batch_size == 16
+        validate(from_values(global_batch_size=4, batch_size=4))
+    assert validate(from_values(global_batch_size=16, batch_size=4)).global_batch_size == 16
     with pytest.raises(ConfigError, match="--weight_decay -0.1 must be 0 or more"):
-        validate(TrainConfig(weight_decay=-0.1))
+        validate(from_values(weight_decay=-0.1))
 
 
 @pytest.mark.parametrize("args, fragment", [
