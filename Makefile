@@ -55,7 +55,8 @@ image: $(VENV)/.installed
 	aws ecr get-login-password --region $$region | docker login --username AWS --password-stdin $$registry && \
 	docker build --build-arg NVRX_VERSION=$(NVRX_VERSION) -t $$image . && docker push $$image
 
-# GPU benchmarks (needs CUDA GPUs); writes bench/results/ and BENCHMARKS.md tables.
+# GPU benchmarks (needs CUDA GPUs): floors, checkpoint cost and recovery in every mode, as JSON in
+# bench/results/; `python -m bench.tables FILE.json` prints their rows for BENCHMARKS.md.
 bench:
 	$(PYTHON) -m bench.run all
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run benchmark parts on a GPU machine with no network: NVRx (and what it needs) come as wheels
-# in .whl/ (see BENCHMARKS.md); results go to $OUT (default bench/results). BENCH_SECONDS bounds
-# the parts together, so the logs are packed even when time runs out.
+# Run benchmark parts (`python -m bench.run PART`, with $BENCH_ARGS) on a GPU machine, which may
+# have no network: NVRx (and what it needs) can come as wheels in .whl/ (see BENCHMARKS.md).
+# Results go to $OUT (default bench/results), every run's log and event log into $OUT/logs.tar.gz.
+# BENCH_SECONDS bounds the parts together, so the logs are packed even when time runs out.
 set -uo pipefail
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
@@ -12,10 +13,11 @@ fi
 # NVLink multicast stays off on shared hosts; unbuffered output for live logs.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NVRX_EKS_CACHE=${NVRX_EKS_CACHE:-/tmp/nvrx-cache}
-# Keep BENCH_SECONDS some 30 s under the machine's per-command limit: logs are packed after each
-# part and once more on the way out, but a command killed outright returns only what was packed.
+# Logs are packed after each part and once more on the way out. Under an outer time limit (a CI
+# job's, a scheduler's), keep BENCH_SECONDS some 30 s below it: a shell killed outright leaves
+# only what was packed by then.
 deadline=$(( $(date +%s) + ${BENCH_SECONDS:-100000} ))
-export BENCH_SINCE=${BENCH_SINCE:-$(date +%s)}  # logs older than this call are not packed
+export BENCH_SINCE=${BENCH_SINCE:-$(date +%s)}  # logs older than this invocation are not packed
 trap 'python3 -m bench.run bundle --out "$OUT"' EXIT
 for part in "$@"; do
   left=$(( deadline - $(date +%s) ))

@@ -1,14 +1,18 @@
-"""GPU benchmarks, run side by side in one call: physical floors, checkpoint cost at the post's two
-checkpoint regimes (sync vs async vs snapshot tiers), and recovery under the post's fault schedule.
+"""GPU benchmarks, run side by side in one invocation: physical floors, checkpoint cost at the
+published system's two checkpoint regimes (sync vs async vs snapshot tiers), fault-free and
+recovery runs under its fault schedule, throughput and MFU, and profiles.
 
     python -m bench.run floors      --out bench/results
     python -m bench.run checkpoint  --out bench/results [--model llama-1b]
-    python -m bench.run recovery    --out bench/results [--model llama-1b]
+    python -m bench.run faultfree   --out bench/results [--modes ...] [--deterministic]
+    python -m bench.run recovery    --out bench/results [--modes ...] [--deterministic]
+    python -m bench.run throughput  --out bench/results [--throughput_runs ...]
     python -m bench.run profile     --out bench/results [--model llama-1b]
-    python -m bench.run all         --out bench/results
+    python -m bench.run all         --out bench/results   # floors, checkpoint, recovery, bundle
 
-Every experiment writes `<out>/<name>.json`; `python -m bench.tables` turns them into the tables of
-BENCHMARKS.md. Training runs go through the local runner exactly as a user would start them.
+Every experiment writes `<out>/<name>.json`; `python -m bench.tables <out>/<name>.json` prints
+its rows as BENCHMARKS.md's tables show them. Training runs go through the local runner exactly
+as a user would start them.
 """
 
 from __future__ import annotations
@@ -320,7 +324,8 @@ def _loop_mfu(run: dict) -> dict:
     return run
 
 
-# The post's schedule shape: 5 faults, exception/hang 0.6/0.4, seed 42, checkpoint every quarter.
+# The published schedule's shape: 5 faults, exception/hang 0.6/0.4, seed 42; a checkpoint every
+# quarter of the run.
 FAULTS = ["--fault_count", "5", "--fault_seed", "42", "--fault_types", "exception,hang",
           "--fault_type_weights", "0.6,0.4", "--fault_after_step", "10"]
 HARD_TIMEOUT_S = 30
@@ -329,10 +334,10 @@ RECOVERY_TIMEOUTS = ["--soft_timeout", "5", "--hard_timeout", str(HARD_TIMEOUT_S
                      "--nccl_timeout", "20"]
 
 
-# Per-run limits for llama-1b on 2x H200, sized from the measured runs (BENCHMARKS.md section
-# 3) with margin: fault-free about 100-165 s in every mode; under the 5 faults inprocess 196 s,
-# ft_launcher+inprocess 150 s, ft_launcher about 280 s, and the baseline over 400 s. A mode not
-# measured yet gets the largest limit of its kind.
+# Per-run limits for llama-1b on 2x H200, sized with margin from the measured runs (BENCHMARKS.md,
+# recovery on two H200s): fault-free about 100-165 s in every mode; under the 5 faults inprocess
+# 196 s, ft_launcher+inprocess 150 s, ft_launcher about 280 s, and the baseline over 400 s. A mode
+# not measured yet gets the largest limit of its kind.
 RUN_LIMITS = {"faultfree": {RecoveryMode.BASELINE: 200, RecoveryMode.INPROCESS: 220,
                             RecoveryMode.FT_LAUNCHER: 240, RecoveryMode.FT_LAUNCHER_INPROCESS: 240},
               "recovery": {RecoveryMode.BASELINE: 540, RecoveryMode.INPROCESS: 300,
@@ -404,7 +409,7 @@ _MACHINE: dict = {}
 
 def _machine() -> dict:
     """Read once, before the first run: importing torch and querying CUDA takes seconds, which a
-    save at the end of a time-limited call may not have."""
+    save at the end of a time-limited invocation may not have."""
     if not _MACHINE:
         import torch
 
@@ -435,8 +440,9 @@ SINCE_ENV = "BENCH_SINCE"  # bench/gpu.sh: when its first part began (epoch seco
 
 
 def bundle(out: Path) -> None:
-    """Pack the run logs and event logs into one archive (the GPU machine returns few files):
-    those written since $BENCH_SINCE, so a machine's earlier calls add nothing stale."""
+    """Pack the run logs and event logs into one archive (one file to copy off the GPU machine):
+    those written since $BENCH_SINCE, so runs of earlier invocations on the same machine add
+    nothing stale."""
     if not LOGS.is_dir():
         return
     since = float(os.environ.get(SINCE_ENV, 0))

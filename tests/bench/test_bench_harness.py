@@ -84,14 +84,15 @@ def test_throughput_runs_snapshots_alone_and_with_a_durable_write_beside_the_ref
     assert list(runs) == [f"{label}-compiled-ft"] and "--tiers" not in runs[f"{label}-compiled-ft"]
 
 
-def test_the_log_bundle_leaves_out_logs_of_earlier_calls(tmp_path, monkeypatch):
-    """A warm GPU machine keeps runs/bench from call to call: only this call's logs are packed."""
+def test_the_log_bundle_leaves_out_logs_of_earlier_invocations(tmp_path, monkeypatch):
+    """A GPU machine keeps runs/bench between invocations of gpu.sh: only this one's logs are
+    packed."""
     from bench import run as bench
 
     logs = tmp_path / "logs"
     logs.mkdir()
-    (logs / "old.log").write_text("earlier call")
-    (logs / "new.log").write_text("this call")
+    (logs / "old.log").write_text("earlier invocation")
+    (logs / "new.log").write_text("this invocation")
     os.utime(logs / "old.log", (1000.0, 1000.0))
     monkeypatch.setattr(bench, "LOGS", logs)
     monkeypatch.setenv(bench.SINCE_ENV, "2000")
@@ -101,7 +102,7 @@ def test_the_log_bundle_leaves_out_logs_of_earlier_calls(tmp_path, monkeypatch):
 
 
 def test_recovery_runs_take_their_per_mode_settings_from_the_mode_table(monkeypatch):
-    """The values measured with (BENCHMARKS.md section 3), now derived from the modes' traits;
+    """The values the recovery benchmarks measured with, derived from the modes' traits;
     a mode without a measured limit gets the largest one of its kind."""
     from bench import run as bench
 
