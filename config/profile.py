@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from config.contract import MODE_NAMES, PRIVATE_SUBNET_PREFIX, RecoveryMode
 from config.errors import ProfileError
 from config.instances import InstanceSpec, instance_spec
-from config.training import PRESET_TOKENIZERS, TrainConfig, pod_owned
+from config.presets import TOKENIZERS
+from config.training import TrainConfig, pod_owned
 from config.versions import DEFAULT_EKS_VERSION, check_eks_version
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -187,7 +188,7 @@ class DataSettings(_Strict):
     source: str = "c4"  # c4, a Hugging Face dataset id, or a path on FSx (.jsonl, .parquet, a directory)
     samples: int = Field(default=100_000, ge=1)  # documents to take
     text_field: str = "text"
-    # None: the model's own (config.training.PRESET_TOKENIZERS); "byte" for tiny test runs.
+    # None: the model's own (config.presets.TOKENIZERS); "byte" for tiny test runs.
     tokenizer: Optional[str] = None
 
 
@@ -277,7 +278,7 @@ class Profile(_Strict):
     def tokenizer(self) -> str:
         """The data-prep tokenizer: the profile's, else the model's own."""
         model = self.trainer.model
-        return self.data.tokenizer or PRESET_TOKENIZERS.get(model, model)
+        return self.data.tokenizer or TOKENIZERS.get(model, model)
 
     @property
     def instance(self) -> InstanceSpec:

@@ -14,26 +14,18 @@ directory, a model directory) is checked there (`trainer.config.check_environmen
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from config.contract import MODE_NAMES, RecoveryMode
+from config.presets import PRESETS
 
 FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom", "node")
 TIERS = ("memory", "node", "peer")
 # Share of each snapshot's bytes that goes through device memory, by snapshot_staging.
 STAGED_SHARE = {"host": 0.0, "device": 1.0, "split": 0.5}
-# Model presets and the tokenizer each is trained with (the Hugging Face repository whose
-# tokenizer files data preparation uses); `tiny` reads bytes. The architectures are in
-# trainer.loop.model; this table is what the manifests and the data checks need without torch.
-PRESET_TOKENIZERS = {
-    "tiny": "byte",
-    "llama-1b": "meta-llama/Llama-3.2-1B",
-    "llama-3b": "meta-llama/Llama-3.2-3B",
-    "llama3.1-8b": "meta-llama/Llama-3.1-8B",
-}
-PRESET_VOCAB = {"tiny": 264, "llama-1b": 128256, "llama-3b": 128256, "llama3.1-8b": 128256}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 GROUPS = ("model and data", "speed", "checkpoints", "snapshot tiers", "outputs", "recovery",
           "fault injection")
@@ -172,6 +164,13 @@ class TrainConfig(BaseModel):
 
     # -- derived ------------------------------------------------------------------------------
     @property
+    def output_dir(self) -> Optional[Path]:
+        """Where the event log and profiles go: beside results.json, else the checkpoints."""
+        if self.results_path:
+            return Path(self.results_path).resolve().parent
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else None
+
+    @property
     def inprocess(self) -> bool:
         return RecoveryMode(self.mode).in_process
 
@@ -194,15 +193,16 @@ class TrainConfig(BaseModel):
 
 
 def choices(name: str) -> tuple[str, ...]:
-    """The allowed values of a setting with a fixed set of them."""
+    """The allowed values of a setting with a fixed set of them; empty for any other."""
     import typing
 
-    return typing.get_args(typing.get_type_hints(TrainConfig)[name])
+    hint = typing.get_type_hints(TrainConfig)[name]
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
 
 
 def is_model_reference(ref: str) -> bool:
     """A preset, a path (checked where it lives: in the pod), or a hub id (org/name)."""
-    return ref in PRESET_TOKENIZERS or ref.startswith(("/", "./", "../")) \
+    return ref in PRESETS or ref.startswith(("/", "./", "../")) \
         or bool(_HUB_ID.fullmatch(ref))
 
 
@@ -246,7 +246,7 @@ def cross_field_problems(cfg: TrainConfig) -> list[str]:
         (cfg.fault_count == 0 or cfg.checkpoint_dir is not None,
          "fault injection needs --checkpoint_dir (the fault record is kept there)"),
         (is_model_reference(cfg.model),
-         f"--model {cfg.model!r} is neither a preset ({', '.join(PRESET_TOKENIZERS)}), a path, "
+         f"--model {cfg.model!r} is neither a preset ({', '.join(PRESETS)}), a path, "
          "nor a hub id (org/name)"),
     ]
     return [message for ok, message in rules if not ok]
@@ -296,7 +296,7 @@ def describe_error(err: dict, name_of=lambda field: f"--{field}") -> str:
                       else m[0], err["msg"].removeprefix("Value error, "))
     if err["type"] == "extra_forbidden":
         return f"{name_of(field)}: unknown setting"
-    bounds = _field_bounds(str(err["loc"][0]))
+    bounds = field_bounds(str(err["loc"][0]))
     shown = err.get("input")
     if isinstance(shown, str):
         shown = repr(shown)
@@ -307,7 +307,7 @@ def describe_error(err: dict, name_of=lambda field: f"--{field}") -> str:
     return f"{name_of(field)} {shown} {_bound_phrase(err)}"
 
 
-def _field_bounds(name: str) -> dict:
+def field_bounds(name: str) -> dict:
     info = TrainConfig.model_fields.get(name)
     out: dict = {}
     for m in getattr(info, "metadata", ()):

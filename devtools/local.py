@@ -247,7 +247,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     run_dir = Path(args.run_dir or f"runs/{args.mode.replace('+', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     trainer_args = _trainer_args(args, rest, run_dir)
-    cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m devtools.local")
+    cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m devtools.local",
+                     sample_data=True)
     if args.heartbeat_timeout is None:
         args.heartbeat_timeout = default_heartbeat_timeout(args.mode, cfg.hard_timeout)
     check(LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, 0, "127.0.0.1", 0,

@@ -90,7 +90,7 @@ def checkpoint_buffers_gib(profile: Profile) -> float:
     the model's training state divided over all ranks.
     `trainer.memory_budget_gib` overrides the snapshot part (it is also what the trainer is given).
     """
-    from trainer.loop.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters  # no torch
+    from config.presets import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters
 
     t = profile.trainer
     if t.model not in PRESETS:

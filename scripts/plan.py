@@ -54,7 +54,7 @@ def fsx_throughput_mb_s(capacity_gib: int) -> float:
 def make_plan(profile: Profile, nodes: int | None = None) -> Plan:
     """The plan for the profile's model at `nodes` nodes (default: the profile's node count)."""
     # Arithmetic on the preset's architecture numbers; trainer.loop.model imports torch only to build.
-    from trainer.loop.model import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters
+    from config.presets import PRESETS, STATE_BYTES_PER_PARAMETER, preset_parameters
 
     model = profile.trainer.model
     if model not in PRESETS:

@@ -19,8 +19,8 @@ from typing import Any, NoReturn, Optional, Sequence
 from pydantic import ValidationError
 
 from config.contract import MODE_NAMES as MODES  # one table of recovery modes
-from config.training import (GROUPS, PRESET_TOKENIZERS, PRESET_VOCAB, STAGED_SHARE, TrainConfig,
-                             batch_problem, describe, shown)
+from config.presets import PRESETS, TOKENIZERS
+from config.training import GROUPS, STAGED_SHARE, TrainConfig, batch_problem, describe, shown
 from trainer.errors import ConfigError
 
 __all__ = ["MODES", "STAGED_SHARE", "TrainConfig", "accumulation_steps", "build_parser",
@@ -110,14 +110,15 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "python -m trainer",
-               environment: bool = True) -> TrainConfig:
+               environment: bool = True, sample_data: bool = False) -> TrainConfig:
     """Parse and validate (and, unless told not to, check the data and directories of this
-    machine); on a bad value print one line and exit 2."""
+    machine; a launcher, once per node, also samples the token file); on a bad value print one
+    line and exit 2."""
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
     try:
         cfg = validate(from_values(**vars(ns)))
-        return check_environment(cfg) if environment else cfg
+        return check_environment(cfg, sample_data) if environment else cfg
     except ConfigError as exc:
         parser.error(str(exc))
 
@@ -131,8 +132,8 @@ def _need(ok: bool, msg: str) -> None:
 def model_vocab(ref: str) -> Optional[int]:
     """The vocabulary size of a preset or a model directory, without torch; None for a hub id
     (only its download would tell)."""
-    if ref in PRESET_VOCAB:
-        return PRESET_VOCAB[ref]
+    if ref in PRESETS:
+        return PRESETS[ref]["vocab_size"]
     config = Path(ref) / "config.json"
     if config.is_file():
         return int(json.loads(config.read_text()).get("vocab_size", 0)) or None
@@ -141,8 +142,8 @@ def model_vocab(ref: str) -> Optional[int]:
 
 def expected_tokenizer(ref: str) -> Optional[str]:
     """The tokenizer a model is trained with: a preset's, or a model directory's own."""
-    if ref in PRESET_TOKENIZERS:
-        return PRESET_TOKENIZERS[ref]
+    if ref in TOKENIZERS:
+        return TOKENIZERS[ref]
     return ref if Path(ref).is_dir() else None
 
 
@@ -155,7 +156,9 @@ def check_model(cfg: TrainConfig) -> None:
               f"--model {cfg.model!r} has no config.json: not a Hugging Face model directory")
 
 
-def check_checkpoint_dir(cfg: TrainConfig) -> None:
+def check_checkpoint_dir(cfg: TrainConfig, loud: bool) -> None:
+    """Writable, holding what --resume asks for, trained so far with compatible settings (a
+    change that the run can take is printed when `loud`)."""
     if cfg.checkpoint_dir is None:
         return
     ckpt = Path(cfg.checkpoint_dir)
@@ -172,6 +175,9 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
     _need(cfg.resume != "never" or latest is None,
           f"--resume never, but {cfg.checkpoint_dir} already holds checkpoints (step "
           f"{latest}); use a new --checkpoint_dir")
+    from trainer.durable.run_settings import check_unchanged
+
+    check_unchanged(cfg, log=print if loud else lambda _: None)
 
 
 def check_environment(cfg: TrainConfig, sample_data: bool = False) -> TrainConfig:
@@ -184,5 +190,5 @@ def check_environment(cfg: TrainConfig, sample_data: bool = False) -> TrainConfi
 
         check_data(Path(cfg.data_path), model_vocab(cfg.model), expected_tokenizer(cfg.model),
                    sample=sample_data, flag="--data_path")
-    check_checkpoint_dir(cfg)
+    check_checkpoint_dir(cfg, loud=sample_data)
     return cfg

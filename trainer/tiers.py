@@ -16,6 +16,7 @@ from trainer.accounting.events import EventLog
 from trainer.buffers import Layout
 from trainer.config import STAGED_SHARE, TrainConfig
 from trainer.durable.lease import Lease, existing_lineage, lineage_id
+from trainer.durable import run_settings
 from trainer.durable.manager import CheckpointManager, warm_staging
 from trainer.durable.state import local_tensors, restore, shard_layout
 from trainer.errors import ConfigError
@@ -43,6 +44,7 @@ class Tiers:
             if env.rank == 0:
                 process.lease = Lease(cfg.checkpoint_dir, warn=log)
                 process.lease.acquire()
+                run_settings.record(cfg)  # checked before launch: these are now the run's
             dist.barrier()
             process.leased = True
         self.lease: Optional[Lease] = process.lease

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config import load_profile, profile_from_dict
+from config import ProfileError, load_profile, profile_from_dict
 from k8s import naming
 from k8s.cli import main as synth_main
 from k8s.deployment import resolve
@@ -182,3 +182,34 @@ def test_pull_policy_follows_the_tag(outputs_file, image: str, policy: str) -> N
     data = yaml.safe_load((REPO / "config/profiles/p5.yaml").read_text()) | {"name": "p5", "image": image}
     dep = resolve(profile_from_dict(data), load_outputs(outputs_file("p5")), run_id="r1")
     assert dep.image_pull_policy == policy
+
+
+# Settings the profile could not reach before every setting came from one definition.
+HEADLINE = {"compile": "true", "activation_checkpointing": "selective", "global_batch_size": "64",
+            "warmup_steps": "50", "snapshot_staging": "split", "deterministic": "true",
+            "seq_len": "8192", "keep_checkpoints": "3"}
+
+
+def test_every_trainer_setting_reaches_the_pods_from_the_profile(outputs_file) -> None:
+    from k8s import commands
+
+    profile = load_profile("p5", [f"trainer.{k}={v}" for k, v in HEADLINE.items()])
+    dep = resolve(profile, load_outputs(outputs_file("p5")), run_id="r1")
+    argv = commands.trainer_argv(dep)
+    got = {argv[i][2:]: argv[i + 1] for i in range(0, len(argv), 2)}
+    assert {k: got.get(k) for k in HEADLINE} == HEADLINE
+
+
+def test_a_pod_owned_setting_is_refused_in_the_profile_with_its_reason() -> None:
+    with pytest.raises(ProfileError, match=r"trainer.checkpoint_dir: set by the deployment \(the "
+                                           r"run's directory on FSx\), not by a profile"):
+        load_profile("p5", ["trainer.checkpoint_dir=/tmp/x"])
+
+
+def test_a_model_directory_on_fsx_is_accepted_at_synth(outputs_file) -> None:
+    """The synthesizing machine cannot see FSx: the path is checked in the pod, before launch."""
+    profile = load_profile("p5", ["trainer.model=/fsx/models/llama-3.1-8b",
+                                  "trainer.memory_budget_gib=60"])
+    dep = resolve(profile, load_outputs(outputs_file("p5")), run_id="r1")
+    assert dep.train.model == "/fsx/models/llama-3.1-8b"
+    assert dep.tokenizer == "/fsx/models/llama-3.1-8b"  # its own tokenizer prepares the data

@@ -48,7 +48,7 @@ def test_shm_holds_every_local_ranks_checkpoint_buffers() -> None:
     snapshot slots per rank, for every GPU of the node, plus the profile's headroom."""
     from config import load_profile
     from k8s.resources import checkpoint_buffers_gib, shm_size_gib
-    from trainer.loop.model import preset_parameters
+    from config.presets import preset_parameters
 
     p5 = load_profile("p5")  # llama3.1-8b over 16 ranks, tiers memory,node,peer
     shard_gib = preset_parameters("llama3.1-8b") * 12 / 16 / 2**30

@@ -110,3 +110,38 @@ def test_launcher_defaults_are_written_once():
                      "--node_rank", "0", "--master_addr", "127.0.0.1"])
     assert spec == LaunchSpec("baseline", 1, 2, 0, "127.0.0.1")
     assert spec.master_port == DEFAULT_MASTER_PORT
+
+
+def test_help_shows_every_setting_with_its_default():
+    from config.training import TrainConfig
+    from config.training import shown as spelled
+
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())  # argparse wraps help lines
+    for name, info in TrainConfig.model_fields.items():
+        assert f"--{name}" in text, name
+        assert f"(default: {spelled(info.default)})" in text.split(f"--{name}", 2)[-1], name
+    assert "llama-3b" in text
+
+
+def test_the_settings_reference_in_the_docs_is_current(tmp_path):
+    from config.reference import write_reference
+
+    doc = tmp_path / "configuration.md"
+    doc.write_text((ROOT / "docs" / "configuration.md").read_text())
+    assert not write_reference(str(doc)), "run `python -m config.reference docs/configuration.md`"
+
+
+def test_a_model_path_is_checked_on_the_machine_that_trains(tmp_path):
+    """A path is accepted by the settings' own rules (the synth cannot see FSx), and refused
+    before launch on a machine where it is not a model directory."""
+    from trainer.config import from_values
+
+    assert from_values(model="/fsx/models/llama").model == "/fsx/models/llama"
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--model", str(tmp_path / "none")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"python -m trainer: error: --model '{tmp_path / 'none'}' is not a directory on this machine"]

@@ -127,9 +127,13 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def save(self, path: Path) -> None:
+        """Bytes need no files."""
+
 
 class HFTokenizer:
-    """A model directory's tokenizer (or a hub id's, which downloads)."""
+    """A model directory's tokenizer, or a hub id's, which downloads (with the token in
+    HF_TOKEN or the file HF_TOKEN_PATH names, for gated models such as Meta's Llama)."""
 
     def __init__(self, ref: str):
         from transformers import AutoTokenizer
@@ -141,6 +145,9 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok(text, add_special_tokens=False)["input_ids"]
+
+    def save(self, path: Path) -> None:
+        self._tok.save_pretrained(path)
 
 
 def get_tokenizer(ref: str):
@@ -213,6 +220,7 @@ def prepare(source: str, num_samples: int, tokenizer: str, output: Path,
         os.fsync(f.fileno())
     meta = DataMeta(total, np.dtype(dtype).name, tok.vocab_size, tok.eos_token_id, tok.name,
                     source, docs, top)
+    tok.save(tmp / "tokenizer")  # beside the tokens: export and later runs need no download
     (tmp / "meta.json").write_text(json.dumps(meta.__dict__, indent=1))
     if output.exists() and replace:
         shutil.rmtree(output)

@@ -9,40 +9,12 @@ weight exists, so no rank ever holds a whole large model.
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING, Any
+
+from config.presets import PRESETS
 
 if TYPE_CHECKING:  # torch and transformers load only when a model is built
     import torch
-
-_LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-
-# Architectures: Meta's Llama 3.1 8B and Llama 3.2 1B/3B config.json files; `tiny` is ours.
-PRESETS: dict[str, dict[str, Any]] = {
-    # ~3 M parameters: trains on CPU ranks in seconds; byte-level vocabulary.
-    "tiny": dict(vocab_size=264, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                 num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
-                 rope_theta=10000.0, tie_word_embeddings=False),
-    "llama-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                     max_position_embeddings=131072, rope_theta=500000.0,
-                     rope_scaling=_LLAMA3_ROPE | {"factor": 32.0}, tie_word_embeddings=True),
-    "llama-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192,
-                     num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
-                     max_position_embeddings=131072, rope_theta=500000.0,
-                     rope_scaling=_LLAMA3_ROPE | {"factor": 32.0}, tie_word_embeddings=True),
-    "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                        max_position_embeddings=131072, rope_theta=500000.0,
-                        rope_scaling=_LLAMA3_ROPE, tie_word_embeddings=False),
-}
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 # SDPA under a name of our own, which has no mask builder: transformers then passes no mask and
 # SDPA runs causal. Under "sdpa" the mask builder checks the position ids for packed sequences
@@ -50,10 +22,6 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # ahead and, on H200, waits behind a running snapshot copy (136-160 ms a step). Every row here
 # is one full causal sequence, so that builder's mask is always None anyway.
 CAUSAL_SDPA = "sdpa_causal"
-
-
-def is_model_reference(ref: str) -> bool:
-    return ref in PRESETS or os.path.isdir(ref) or bool(_HUB_ID.fullmatch(ref))
 
 
 def llama_config(ref: str):
@@ -174,20 +142,6 @@ def flops_per_token(config, seq_len: int) -> int:
     lm_head = config.vocab_size * h
     matmul_params = layers * per_layer + h + lm_head
     return 6 * matmul_params + 12 * layers * heads * head_dim * seq_len
-
-
-def preset_parameters(name: str) -> int:
-    """Parameters of a preset by arithmetic alone (no torch): what the manifests size memory by."""
-    c = PRESETS[name]
-    h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * c["intermediate_size"] + 2 * h
-    embeddings = vocab * h * (1 if c["tie_word_embeddings"] else 2)
-    return embeddings + layers * per_layer + h
-
-
-# Bytes of training state per parameter: fp32 weights and Adam's two fp32 moments.
-STATE_BYTES_PER_PARAMETER = 12
 
 
 def parameter_count(ref: str) -> int:

@@ -56,7 +56,8 @@ def initialize_weights(model: torch.nn.Module, ref: str, seed: int, param_bytes:
     safetensors files. No rank ever holds a large model whole, and the result is the same at
     every world size.
     """
-    from trainer.loop.model import PRESETS, SafetensorsRows, build_model, weights_dir
+    from config.presets import PRESETS
+    from trainer.loop.model import SafetensorsRows, build_model, weights_dir
 
     full, source = None, None
     if ref in PRESETS and param_bytes <= full_init_max_bytes:

@@ -226,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     spec, trainer_args = parse(sys.argv[1:] if argv is None else argv)
     from trainer.config import parse_args
 
-    cfg = parse_args([*trainer_args, "--mode", spec.mode])
+    cfg = parse_args([*trainer_args, "--mode", spec.mode], sample_data=True)
     check(spec, cfg)  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     print("launch:", " ".join(cmd), flush=True)

@@ -136,3 +136,19 @@ def test_final_checkpoint_false_leaves_the_last_step_unsaved(cache_dir, tmp_path
     assert results(run_dir)["steps_completed"] == STEPS
     committed = [step for step, _, _ in CheckpointStore(run_dir / "checkpoints").candidates()]
     assert max(committed) == STEPS - INTERVAL
+
+
+def test_a_changed_run_on_resume_is_refused_or_logged(cache_dir, tmp_path):
+    """A new --seq_len, --seed or --model cannot continue the run: one line, exit 2, before any
+    launch. A new --lr can, and the change is logged."""
+    run_dir = tmp_path / "run"
+    ok(run_local(cache_dir, "baseline", run_dir, "--max_steps", "4", "--checkpoint_interval", "2"))
+    for flag, value in (("--seq_len", "32"), ("--seed", "7"), ("--model", "llama-1b")):
+        proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "6", flag, value)
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+        assert f"{flag} " in lines[0] and "use a new --checkpoint_dir" in lines[0]
+    proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "6", "--lr", "0.0001")
+    ok(proc)
+    assert "--lr changes from 0.0003 to 0.0001" in proc.stdout
+    assert "--max_steps changes from 4 to 6" in proc.stdout

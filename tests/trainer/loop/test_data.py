@@ -1,13 +1,15 @@
 """The token file, its windows, and a sampler whose position is all the state it needs."""
 
 import json
+import subprocess
+import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tracemalloc
+from tests.jobs import ROOT
 
 from trainer.loop.data import (FeistelPermutation, GlobalSampler, TokenDataset, main,
                                prepare)
@@ -98,3 +100,81 @@ def test_a_checkpoint_of_another_sample_order_is_refused():
     s = GlobalSampler(50, 5)
     with pytest.raises(ValueError, match="sample order None is not 'feistel-v1'"):
         s.load_state_dict({"cursor": 10, "seed": 5, "num_samples": 50})
+
+
+# -- the data checked before launch: one line naming the file, exit 2 --------------------------
+def _word_tokenizer(path, words: int):
+    """A small word-level tokenizer built here (nothing downloaded), saved as a model directory
+    saves one: what `--tokenizer DIR` loads."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    texts = [" ".join(f"w{(i * 7 + j) % words}" for j in range(50)) for i in range(words)]
+    tok.train_from_iterator(texts, trainers.WordLevelTrainer(vocab_size=words + 2,
+                                                             special_tokens=["[UNK]", "</s>"]))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>") \
+        .save_pretrained(path)
+    return texts
+
+
+def _local_run(cache_dir, tmp_path, data):
+    from tests.jobs import env_for, local_cmd
+
+    return subprocess.run(local_cmd("baseline", tmp_path / "run", "--max_steps", "2",
+                                    "--data_path", str(data)),
+                          cwd=ROOT, env=env_for(cache_dir), capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused_before_launch(tmp_path, cache_dir):
+    tok_dir = tmp_path / "tok"
+    texts = _word_tokenizer(tok_dir, 500)
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert main(["prepare", "--source", str(source), "--num_samples", "400", "--tokenizer",
+                 str(tok_dir), "--output", str(tmp_path / "data")]) == 0
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    assert meta["vocab_size"] == 502 and 264 <= meta["max_token_id"] < 502
+    proc = _local_run(cache_dir, tmp_path, tmp_path / "data")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "has 502 ids, but the model's vocabulary has 264" in lines[0]
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing launched
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    ("truncate", "tokens.bin holds"),
+    ("meta-not-json", "meta.json is not a data description"),
+    ("ids-beyond-vocab", "beyond the vocabulary of 258"),
+])
+def test_damaged_data_is_refused_before_launch(tmp_path, cache_dir, damage, fragment):
+    data = tmp_path / "data"
+    main(["prepare", "--source", "local", "--num_samples", "50", "--output", str(data)])
+    tokens = data / "tokens.bin"
+    if damage == "truncate":
+        tokens.write_bytes(tokens.read_bytes()[:-6])
+    elif damage == "meta-not-json":
+        (data / "meta.json").write_text("{not json")
+    else:  # ids past the byte vocabulary, meta.json untouched: only the sample shows them
+        ids = np.fromfile(tokens, dtype=np.uint16)
+        ids[:64] = 4000
+        ids.tofile(tokens)
+    proc = _local_run(cache_dir, tmp_path, data)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and fragment in lines[0] and str(data) in lines[0]
+
+
+def test_prepared_data_keeps_its_tokenizer_beside_the_tokens(tmp_path):
+    from transformers import AutoTokenizer
+
+    texts = _word_tokenizer(tmp_path / "tok", 300)
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:20]))
+    main(["prepare", "--source", str(source), "--num_samples", "20", "--tokenizer",
+          str(tmp_path / "tok"), "--output", str(tmp_path / "data")])
+    saved = AutoTokenizer.from_pretrained(tmp_path / "data" / "tokenizer", local_files_only=True)
+    assert saved("w1 w2", add_special_tokens=False)["input_ids"] == \
+        AutoTokenizer.from_pretrained(tmp_path / "tok")("w1 w2", add_special_tokens=False)["input_ids"]

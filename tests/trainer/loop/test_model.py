@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.loop.distributed import DistEnv
-from trainer.loop.model import PRESETS, llama_config, parameter_count, preset_parameters
+from config.presets import PRESETS, preset_parameters
+from trainer.loop.model import llama_config, parameter_count
 from trainer.loop.parallel import build_sharded_model
 
 

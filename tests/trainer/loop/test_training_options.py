@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from tests.jobs import ROOT
 from trainer.config import accumulation_steps, from_values, validate
 from trainer.errors import ConfigError
-from trainer.loop.model import PRESETS, flops_per_token, llama_config, preset_parameters
+from config.presets import PRESETS, preset_parameters
+from trainer.loop.model import flops_per_token, llama_config
 
 
 def test_global_batch_flags(monkeypatch):
