@@ -14,7 +14,7 @@ TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 NVRX_VERSION ?= 0.7.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: demo test synth nag deploy destroy manifests image bench clean
+.PHONY: demo test test-fast synth nag deploy destroy manifests image bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: $(VENV)/.installed
 # pytest exits 5 when it collects no tests: that is not a failure of the code under test.
 test: $(VENV)/.installed $(CDK)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The unit tier: the pure logic (settings, schedule, agreement, goodput, layouts, contract).
+test-fast: $(VENV)/.installed $(CDK)
+	$(PY) -m pytest -q -m "not slow"
 
 synth: $(VENV)/.installed $(CDK)
 	$(CDK) synth --quiet -c profile=$(PROFILE)

@@ -49,3 +49,12 @@ def one_rank_group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield DistEnv(0, 1, 0, 1, torch.device("cpu"))
     dist.destroy_process_group()
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """`slow`: a test that runs real training jobs (it asks for the prepared corpus or a
+    reference run). `make test-fast` leaves these out, and those marked `slow` by their module
+    (real linters, real FSDP builds, real launchers)."""
+    for item in items:
+        if {"cache_dir", "reference"} & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real benchmark runs on CPU
+
 
 def _processes_naming(text: str) -> list[int]:
     pids = []

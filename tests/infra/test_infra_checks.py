@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from cfnlint.api import ManualArgs, lint_file
 
+pytestmark = pytest.mark.slow  # cfn-lint and cdk-nag over every stack
+
 VARIANTS = ["p5", "p4de", "g5-dev", "p5-capacity-block", "p4de-existing-vpc"]
 
 # Accepted cfn-lint warnings (no errors are accepted):

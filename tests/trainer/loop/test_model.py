@@ -10,10 +10,12 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.loop.distributed import DistEnv
 from config.presets import PRESETS, preset_parameters
+from trainer.loop.distributed import DistEnv
 from trainer.loop.model import llama_config, parameter_count
 from trainer.loop.parallel import build_sharded_model
+
+pytestmark = pytest.mark.slow  # real FSDP builds of the presets
 
 
 def test_preset_arithmetic_matches_transformers():

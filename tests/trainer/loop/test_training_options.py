@@ -15,6 +15,8 @@ from trainer.errors import ConfigError
 from config.presets import PRESETS, preset_parameters
 from trainer.loop.model import flops_per_token, llama_config
 
+pytestmark = pytest.mark.slow  # real training steps and trainer processes
+
 
 def test_global_batch_flags(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -9,8 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.jobs import ROOT
 from trainer.recovery.forkserver import PRELOAD
+
+pytestmark = pytest.mark.slow  # real fork servers and launchers
 
 
 def _report_group(queue) -> None:
