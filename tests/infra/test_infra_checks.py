@@ -113,3 +113,21 @@ def test_cdk_cli_synth_works_offline_without_credentials(tmp_path):
     cdk_json = json.loads((root / "cdk.json").read_text())
     assert cdk_json["notices"] is False and cdk_json["context"]["cli-telemetry"] is False
     assert shutil.which("node")
+
+
+def test_checkov_skips_need_a_reason_and_add_up():
+    import aws_cdk as cdk
+    from aws_cdk import aws_sqs as sqs
+
+    from infra import checkov
+
+    stack = cdk.Stack(cdk.App(), "SkipProbe")
+    queue = sqs.CfnQueue(stack, "Queue")
+    with pytest.raises(ValueError, match="real reason"):
+        checkov.skip(queue, ("CKV_AWS_27", "fine"))
+    first = ("CKV_AWS_27", "A probe queue that exists only to test how skips are recorded.")
+    second = ("CKV2_AWS_73", "The same probe queue, skipped a second time by another caller.")
+    checkov.skip(queue, first)
+    checkov.skip(queue, second)
+    metadata = stack.resolve(queue.get_metadata("checkov"))
+    assert metadata == {"skip": [{"id": i, "comment": r} for i, r in (first, second)]}
