@@ -10,7 +10,8 @@ CDK := .cache/cdk/node_modules/.bin/cdk
 PROFILE ?= p5
 MODE ?=
 OUTPUTS ?= cdk-outputs.json
-TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+# The image tag `make image` pushes; empty: the git commit, which the manifests use by default.
+TAG ?=
 NVRX_VERSION ?= 0.7.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
@@ -48,9 +49,9 @@ destroy: $(VENV)/.installed $(CDK)
 manifests: $(VENV)/.installed
 	$(PY) -m k8s synth --profile $(PROFILE) $(if $(MODE),--mode $(MODE)) --outputs $(OUTPUTS) --outdir dist/$(PROFILE)
 
-# Needs Docker and AWS credentials; pushes an immutable tag (the git commit).
+# Needs Docker and AWS credentials; pushes an immutable tag (the git commit unless TAG is given).
 image: $(VENV)/.installed
-	@image=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) --image-tag $(TAG)) && \
+	@image=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) $(if $(TAG),--image-tag $(TAG))) && \
 	registry=$${image%%/*} && region=$$(echo $$registry | cut -d. -f4) && \
 	aws ecr get-login-password --region $$region | docker login --username AWS --password-stdin $$registry && \
 	docker build --build-arg NVRX_VERSION=$(NVRX_VERSION) -t $$image . && docker push $$image

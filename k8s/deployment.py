@@ -12,6 +12,7 @@ from datetime import datetime
 from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
 from k8s import naming, outputs
 from k8s.errors import SynthError
+from k8s.image import TrainerImage, trainer_image
 from k8s.outputs import StackOutputs
 
 SHM_MOUNT = "/dev/shm"
@@ -28,22 +29,12 @@ class Deployment:
     profile: Profile
     mode: str
     run_id: str
-    image: str
+    image: TrainerImage
     namespace: str
     fsx_claim: str
     node_local_host_dir: str | None  # NodeLocalDir from the outputs; None unless node_dir == nvme
     namespace_owned_by_stack: bool
     tokenizer: str = DEFAULT_TOKENIZER
-
-    @property
-    def image_pull_policy(self) -> str:
-        """IfNotPresent for a fixed tag, so a replacement pod never waits on the registry; Always
-        for a moving tag (latest, or none), so a rebuilt image is not shadowed by a node's cache."""
-        name = self.image.rsplit("/", 1)[-1]
-        if "@" in name:
-            return "IfNotPresent"
-        tag = name.split(":", 1)[1] if ":" in name else "latest"
-        return "Always" if tag == "latest" else "IfNotPresent"
 
     @property
     def instance(self) -> InstanceSpec:
@@ -143,14 +134,6 @@ def check_outputs_match(profile: Profile, out: StackOutputs) -> None:
             )
 
 
-def image_for(profile: Profile, out: StackOutputs) -> str:
-    """profile.image if set, else the stack's ECR repository at profile.image_tag."""
-    if profile.image:
-        return profile.image
-    repo = out.require(outputs.ECR_REPOSITORY_URI, "the profile sets no image")
-    return f"{repo}:{profile.image_tag}"
-
-
 def resolve(
     profile: Profile,
     out: StackOutputs,
@@ -173,7 +156,7 @@ def resolve(
         profile=profile,
         mode=chosen_mode,
         run_id=rid,
-        image=image_for(profile, out),
+        image=trainer_image(profile, out),
         namespace=profile.namespace,
         fsx_claim=out.require(outputs.FSX_PVC_NAME, "the FSx claim every pod mounts"),
         node_local_host_dir=node_local,

@@ -20,6 +20,7 @@ from cdk8s_plus_35 import k8s
 from config import InstanceSpec, contract
 from k8s import naming
 from k8s.errors import SynthError
+from k8s.image import TrainerImage
 
 APP_UID = 10001  # the non-root user the Dockerfile creates (tests check they agree)
 ROOT_UID = 0
@@ -126,8 +127,7 @@ def prepare_dirs_script(dirs: Sequence[str], owner_uid: int, copies: Sequence[tu
 
 
 def prepare_dirs_container(
-    image: str,
-    pull_policy: str,
+    image: TrainerImage,
     dirs: Sequence[str],
     owner_uid: int,
     mounts: Sequence[k8s.VolumeMount],
@@ -135,8 +135,8 @@ def prepare_dirs_container(
 ) -> k8s.Container:
     return k8s.Container(
         name="prepare-dirs",
-        image=image,
-        image_pull_policy=pull_policy,
+        image=image.reference,
+        image_pull_policy=image.pull_policy,
         command=["sh", "-c", prepare_dirs_script(dirs, owner_uid, copies)],
         security_context=container_security(ROOT_UID, INIT_CAPABILITIES),
         resources=bounded_resources(),

@@ -31,15 +31,14 @@ class DataPrepChart(Chart):
         fsx_mount = pod.mount(pod.FSX_VOLUME, dep.fsx_mount)
         prepare = pod.prepare_dirs_container(
             dep.image,
-            dep.image_pull_policy,
             [posixpath.dirname(dep.data_dir), dep.data_dir],
             pod.APP_UID,
             [fsx_mount],
         )
         container = k8s.Container(
             name="data-prep",
-            image=dep.image,
-            image_pull_policy=dep.image_pull_policy,
+            image=dep.image.reference,
+            image_pull_policy=dep.image.pull_policy,
             command=command,
             args=args,
             env=data_prep_env(),

@@ -24,8 +24,8 @@ class ResultsChart(Chart):
         labels = {**naming.base_labels(naming.COMPONENT_RESULTS), naming.LABEL_RUN_ID: dep.run_id}
         container = k8s.Container(
             name=CONTAINER,
-            image=dep.image,
-            image_pull_policy=dep.image_pull_policy,
+            image=dep.image.reference,
+            image_pull_policy=dep.image.pull_policy,
             command=["sleep", str(LIFETIME_S)],
             resources=pod.bounded_resources(),
             security_context=pod.container_security(pod.APP_UID),

@@ -41,7 +41,7 @@ def settings_document(dep: Deployment) -> str:
         "job": dep.job_name,
         "master_addr": dep.master_addr,
         "run_dir": dep.run_dir,
-        "image": dep.image,
+        "image": dep.image.reference,
         "instance": asdict(dep.instance),
         "profile": dep.profile.model_dump(mode="json"),
         "launcher_args": commands.launcher_argv(dep),
@@ -162,7 +162,6 @@ class TrainingChart(Chart):
             dirs.append(NODE_LOCAL_MOUNT)
         return pod.prepare_dirs_container(
             dep.image,
-            dep.image_pull_policy,
             dirs,
             trainer_uid(dep),
             [*self._data_mounts(), pod.mount(pod.CONFIG_VOLUME, CONFIG_MOUNT, read_only=True)],
@@ -176,8 +175,8 @@ class TrainingChart(Chart):
         command, args = commands.training_command(dep)
         return k8s.Container(
             name=naming.TRAINER_CONTAINER,
-            image=dep.image,
-            image_pull_policy=dep.image_pull_policy,
+            image=dep.image.reference,
+            image_pull_policy=dep.image.pull_policy,
             command=command,
             args=args,
             env=training_env(dep),

@@ -179,5 +179,6 @@ def test_every_container_uses_the_run_image(synthesis) -> None:
         if doc["kind"] in ("Job", "Pod"):
             spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Job" else doc["spec"]
             for container in [*spec.get("initContainers", []), *spec["containers"]]:
-                assert container["image"] == synthesis.dep.image
-                assert container["imagePullPolicy"] == "Always"  # the fixtures use the :latest tag
+                assert container["image"] == synthesis.dep.image.reference
+                # The fixtures use the default: the commit's tag in the stack's repository.
+                assert container["imagePullPolicy"] == "IfNotPresent"
