@@ -18,6 +18,8 @@ from k8s.outputs import StackOutputs
 SHM_MOUNT = "/dev/shm"
 NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
 CONFIG_MOUNT = "/etc/nvrx-eks"
+SCRATCH_MOUNT = "/tmp"  # also HOME: tempfile's default and every ~/.cache (k8s.environment)
+HF_TOKEN_MOUNT = "/var/run/secrets/huggingface"
 SETTINGS_FILE = "settings.json"
 DEFAULT_TOKENIZER = "byte"
 

@@ -28,14 +28,20 @@ FSX_VOLUME = "fsx"
 SHM_VOLUME = "dshm"
 CONFIG_VOLUME = "settings"
 NODE_LOCAL_VOLUME = "node-local"
+SCRATCH_VOLUME = "scratch"
+HF_TOKEN_VOLUME = "hf-token"
 INIT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE")
 
 
 def container_security(uid: int, add: Sequence[str] = ()) -> k8s.SecurityContext:
-    """Not privileged, no escalation, all capabilities dropped except `add`."""
+    """Not privileged, no escalation, all capabilities dropped except `add`, and a read-only root
+    filesystem: a container writes only to its volumes (the scratch volume for temporary files
+    and caches). runc makes the root read-only after the NVIDIA runtime hooks have put the driver
+    into it, so GPU containers start as usual."""
     return k8s.SecurityContext(
         privileged=False,
         allow_privilege_escalation=False,
+        read_only_root_filesystem=True,
         run_as_user=uid,
         run_as_group=uid,
         run_as_non_root=uid != ROOT_UID,
@@ -58,6 +64,21 @@ def shm_volume(size: str) -> k8s.Volume:
     """A memory-backed /dev/shm bounded by the profile, instead of the host's shared /dev/shm."""
     source = k8s.EmptyDirVolumeSource(medium="Memory", size_limit=k8s.Quantity.from_string(size))
     return k8s.Volume(name=SHM_VOLUME, empty_dir=source)
+
+
+def scratch_volume() -> k8s.Volume:
+    """A node-disk emptyDir for what would otherwise go to the root filesystem: temporary files
+    (the launchers' logs and sockets) and the home directory's caches (Hugging Face downloads,
+    compiler caches). Unbounded, as the container's writable layer it replaces was."""
+    return k8s.Volume(name=SCRATCH_VOLUME, empty_dir=k8s.EmptyDirVolumeSource())
+
+
+def hf_token_volume() -> k8s.Volume:
+    """The user's Hugging Face token Secret as a file. Optional: without the Secret the directory
+    is empty and downloads are anonymous, which public models and C4 allow."""
+    items = [k8s.KeyToPath(key=naming.HF_TOKEN_KEY, path=naming.HF_TOKEN_KEY)]
+    source = k8s.SecretVolumeSource(secret_name=naming.HF_TOKEN_SECRET, items=items, optional=True)
+    return k8s.Volume(name=HF_TOKEN_VOLUME, secret=source)
 
 
 def config_volume(config_map: str) -> k8s.Volume:

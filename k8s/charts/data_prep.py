@@ -15,7 +15,7 @@ from constructs import Construct
 
 from k8s import commands, naming, pod
 from k8s.charts.base import meta
-from k8s.deployment import Deployment
+from k8s.deployment import HF_TOKEN_MOUNT, SCRATCH_MOUNT, Deployment
 from k8s.environment import data_prep_env
 
 BACKOFF_LIMIT = 3  # network hiccups while streaming C4; more would hide a real error
@@ -44,7 +44,11 @@ class DataPrepChart(Chart):
             env=data_prep_env(),
             resources=pod.bounded_resources(cpu=CPU, memory=MEMORY),
             security_context=pod.container_security(pod.APP_UID),
-            volume_mounts=[fsx_mount],
+            volume_mounts=[
+                fsx_mount,
+                pod.mount(pod.SCRATCH_VOLUME, SCRATCH_MOUNT),
+                pod.mount(pod.HF_TOKEN_VOLUME, HF_TOKEN_MOUNT, read_only=True),
+            ],
         )
         pod_spec = k8s.PodSpec(
             service_account_name=naming.SERVICE_ACCOUNT,
@@ -56,7 +60,7 @@ class DataPrepChart(Chart):
             tolerations=pod.gpu_tolerations(),
             init_containers=[prepare],
             containers=[container],
-            volumes=[pod.fsx_volume(dep.fsx_claim)],
+            volumes=[pod.fsx_volume(dep.fsx_claim), pod.scratch_volume(), pod.hf_token_volume()],
         )
         k8s.KubeJob(
             self,

@@ -15,7 +15,15 @@ from constructs import Construct
 
 from k8s import commands, naming, pod, restart_policy
 from k8s.charts.base import meta
-from k8s.deployment import CONFIG_MOUNT, NODE_LOCAL_MOUNT, SETTINGS_FILE, SHM_MOUNT, Deployment
+from k8s.deployment import (
+    CONFIG_MOUNT,
+    HF_TOKEN_MOUNT,
+    NODE_LOCAL_MOUNT,
+    SCRATCH_MOUNT,
+    SETTINGS_FILE,
+    SHM_MOUNT,
+    Deployment,
+)
 from k8s.environment import training_env
 from k8s.resources import check_memory_budget, gib_quantity, shm_size_gib, training_resources
 
@@ -144,6 +152,8 @@ class TrainingChart(Chart):
             pod.fsx_volume(dep.fsx_claim),
             pod.shm_volume(gib_quantity(shm_size_gib(dep.profile))),
             pod.config_volume(dep.job_name),
+            pod.scratch_volume(),
+            pod.hf_token_volume(),
         ]
         if dep.node_local_host_path:
             volumes.append(pod.node_local_volume(dep.node_local_host_path))
@@ -187,5 +197,7 @@ class TrainingChart(Chart):
                 *self._data_mounts(),
                 pod.mount(pod.SHM_VOLUME, SHM_MOUNT),
                 pod.mount(pod.CONFIG_VOLUME, CONFIG_MOUNT, read_only=True),
+                pod.mount(pod.SCRATCH_VOLUME, SCRATCH_MOUNT),
+                pod.mount(pod.HF_TOKEN_VOLUME, HF_TOKEN_MOUNT, read_only=True),
             ],
         )

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from config import instance_spec
 from k8s import naming
@@ -164,10 +168,32 @@ def test_trainer_flags_follow_the_profile(synthesis) -> None:
     assert synthesis.args_value("--data_path") == f"{synthesis.dep.profile.storage.mount_path}/data/c4"
 
 
+def test_the_hf_token_is_a_mounted_file_never_an_env_var(synthesis) -> None:
+    data_prep = synthesis.one("Job", "data-prep")["spec"]["template"]["spec"]
+    for spec in (synthesis.pod_spec, data_prep):
+        (container,) = spec["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in env.values())
+        assert "HF_TOKEN" not in env
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        volume = {v["name"]: v for v in spec["volumes"]}["hf-token"]
+        assert volume["secret"] == {"secretName": "hf-token", "items": [{"key": "token", "path": "token"}],
+                                    "optional": True}
+        assert mounts["hf-token"]["readOnly"] is True
+        assert env["HF_TOKEN_PATH"]["value"] == f"{mounts['hf-token']['mountPath']}/token"
+
+
+def test_huggingface_hub_reads_the_token_from_the_path_the_pods_set(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("hf_probe_token\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
+    env |= {"HF_HOME": str(tmp_path / "home"), "HF_TOKEN_PATH": str(token)}
+    code = "import huggingface_hub; print(huggingface_hub.get_token())"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "hf_probe_token", proc.stderr[-2000:]
+
+
 def test_no_secret_values_anywhere(synthesis) -> None:
-    hf = synthesis.env["HF_TOKEN"]
-    assert "value" not in hf
-    assert hf["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token", "optional": True}
     text = json.dumps(synthesis.docs())
     for marker in ("hf_", "AKIA", "BEGIN PRIVATE KEY", "aws_secret_access_key"):
         assert marker not in text
