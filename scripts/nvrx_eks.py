@@ -254,7 +254,7 @@ def cmd_results(s: Session) -> int:
             if code != 0:
                 s.kubectl.show(f"# {name} not copied (not written to {dep.run_dir}?); skipped")
     finally:
-        s.kubectl.run("delete", "pod", pod, "--ignore-not-found", "--wait=false")
+        s.kubectl.run("delete", "pod,networkpolicy", pod, "--ignore-not-found", "--wait=false")
     report = f"python -m devtools.report {dest}/results.json --out {dest}/report"
     s.kubectl.show(f"# results of {dep.run_id} in {dest}/ (to redo the report: {report})")
     return 0

@@ -1,8 +1,8 @@
 """The one-off Job that tokenizes C4 onto FSx before the first run.
 
 It runs on a GPU node (tolerating the taint, requesting no GPU) because the trainer image is
-large and already cached there; the system nodes would pull gigabytes for one short job. It
-needs egress to the Hugging Face hub, which no NetworkPolicy of ours restricts.
+large and already cached there; the system nodes would pull gigabytes for one short job. Its
+NetworkPolicy lets it reach DNS and the Hugging Face hub (HTTPS) and nothing else.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from cdk8s import Chart
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import commands, naming, pod
+from k8s import commands, naming, network_policy, pod
 from k8s.charts.base import meta
 from k8s.deployment import HF_TOKEN_MOUNT, SCRATCH_MOUNT, Deployment
 from k8s.environment import data_prep_env
@@ -61,6 +61,12 @@ class DataPrepChart(Chart):
             init_containers=[prepare],
             containers=[container],
             volumes=[pod.fsx_volume(dep.fsx_claim), pod.scratch_volume(), pod.hf_token_volume()],
+        )
+        k8s.KubeNetworkPolicy(
+            self,
+            "network-policy",
+            metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace),
+            spec=network_policy.dns_and_https_out(labels),
         )
         k8s.KubeJob(
             self,

@@ -1,7 +1,8 @@
 """A short-lived, read-only pod through which the wrapper copies a run's results off FSx.
 
-It only sleeps: `kubectl cp` reads the files through it, then the wrapper deletes it. The
-deadline removes it even if the wrapper dies mid-copy, so it cannot keep FSx mounted.
+It only sleeps: `kubectl cp` reads the files through it, then the wrapper deletes it and its
+NetworkPolicy (which isolates it both ways). The deadline removes the pod even if the wrapper
+dies mid-copy, so it cannot keep FSx mounted.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from cdk8s import Chart
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import naming, pod
+from k8s import naming, network_policy, pod
 from k8s.charts.base import meta
 from k8s.deployment import Deployment
 
@@ -44,4 +45,6 @@ class ResultsChart(Chart):
             containers=[container],
             volumes=[pod.fsx_volume(dep.fsx_claim, read_only=True)],
         )
-        k8s.KubePod(self, "pod", metadata=meta(naming.results_pod_name(dep.run_id), labels, dep.namespace), spec=spec)
+        metadata = meta(naming.results_pod_name(dep.run_id), labels, dep.namespace)
+        k8s.KubeNetworkPolicy(self, "network-policy", metadata=metadata, spec=network_policy.isolated(labels))
+        k8s.KubePod(self, "pod", metadata=metadata, spec=spec)

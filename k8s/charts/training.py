@@ -13,7 +13,7 @@ from cdk8s import ApiObject, ApiObjectMetadata, Chart, JsonPatch
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import commands, naming, pod, restart_policy
+from k8s import commands, naming, network_policy, pod, restart_policy
 from k8s.charts.base import meta
 from k8s.deployment import (
     CONFIG_MOUNT,
@@ -88,15 +88,7 @@ class TrainingChart(Chart):
         k8s.KubeService(self, "service", metadata=self._meta(), spec=spec)
 
     def _network_policy(self) -> None:
-        """Ingress to the run's pods only from the run's pods, on every port: NCCL's bootstrap
-        and socket transport listen on ephemeral ports besides 29500-29502. EFA traffic bypasses
-        the pod network and is governed by the node security group instead."""
-        same_run = k8s.LabelSelector(match_labels=self.selector)
-        spec = k8s.NetworkPolicySpec(
-            pod_selector=same_run,
-            policy_types=["Ingress"],
-            ingress=[k8s.NetworkPolicyIngressRule(from_=[k8s.NetworkPolicyPeer(pod_selector=same_run)])],
-        )
+        spec = network_policy.same_run_only(self.selector)
         k8s.KubeNetworkPolicy(self, "network-policy", metadata=self._meta(), spec=spec)
 
     def _job_spec(self, backoff_limit: int) -> k8s.JobSpec:

@@ -102,7 +102,7 @@ def test_results(run, tmp_path: Path) -> None:
         f"{NS} cp --container results results-r1:/fsx/runs/r1/results.json runs/r1/results.json",
     ]
     assert f"{NS} cp --container results results-r1:/fsx/runs/r1/report runs/r1/report" in out
-    assert out[-2] == f"{NS} delete pod results-r1 --ignore-not-found --wait=false"
+    assert out[-2] == f"{NS} delete pod,networkpolicy results-r1 --ignore-not-found --wait=false"
     assert not (tmp_path / "runs").exists()  # dry-run copies nothing
     assert not (tmp_path / "dist").exists()  # and writes no manifest
 
