@@ -50,6 +50,23 @@ def container_security(uid: int, add: Sequence[str] = ()) -> k8s.SecurityContext
     )
 
 
+def security_skips(efa_root: bool) -> list[tuple[str, str]]:
+    """The checkov findings this security model accepts, with its reasons: the init container's
+    two capabilities, and uid 0 with IPC_LOCK in a trainer that uses EFA."""
+    init = ("CHOWN and DAC_OVERRIDE only in the init container, which creates the run's directories "
+            "on FSx (FSx ignores fsGroup) and hands them to the pod's user")
+    if not efa_root:
+        return [("CKV_K8S_25", f"{init}.")]
+    root = ("uid 0 only so that the added IPC_LOCK is effective (Kubernetes has no ambient "
+            "capabilities): EFA registers memory with the NIC beyond RLIMIT_MEMLOCK. Every other "
+            "capability is dropped, with no privilege escalation and the RuntimeDefault seccomp profile")
+    return [
+        ("CKV_K8S_23", f"The trainer runs as {root}."),
+        ("CKV_K8S_40", f"The trainer runs as {root}; it holds none of host root's other powers."),
+        ("CKV_K8S_25", f"IPC_LOCK only in the trainer, for EFA memory registration; {init}."),
+    ]
+
+
 def pod_security() -> k8s.PodSecurityContext:
     return k8s.PodSecurityContext(seccomp_profile=k8s.SeccompProfile(type="RuntimeDefault"))
 
@@ -165,9 +182,12 @@ def prepare_dirs_container(
     )
 
 
-def bounded_resources(cpu: str = "100m", memory: str = "256Mi") -> k8s.ResourceRequirements:
-    """A memory limit equal to the request (no surprise OOM of the node), no CPU limit."""
+def bounded_resources(cpu: str = "100m", memory: str = "256Mi", cpu_limit: str = "1") -> k8s.ResourceRequirements:
+    """Resources of a helper container (init, data prep, results), which shares a GPU node with
+    a training pod: a memory limit equal to the request (no surprise OOM of the node) and a CPU
+    limit, so that a burst of it never takes the trainer's cores. The training container itself
+    has no CPU limit (k8s.resources)."""
     return k8s.ResourceRequirements(
         requests={"cpu": k8s.Quantity.from_string(cpu), "memory": k8s.Quantity.from_string(memory)},
-        limits={"memory": k8s.Quantity.from_string(memory)},
+        limits={"cpu": k8s.Quantity.from_string(cpu_limit), "memory": k8s.Quantity.from_string(memory)},
     )

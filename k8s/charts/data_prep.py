@@ -13,7 +13,7 @@ from cdk8s import Chart
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import commands, naming, network_policy, pod
+from k8s import checkov, commands, image, naming, network_policy, pod
 from k8s.charts.base import meta
 from k8s.deployment import HF_TOKEN_MOUNT, SCRATCH_MOUNT, Deployment
 from k8s.environment import data_prep_env
@@ -42,7 +42,7 @@ class DataPrepChart(Chart):
             command=command,
             args=args,
             env=data_prep_env(),
-            resources=pod.bounded_resources(cpu=CPU, memory=MEMORY),
+            resources=pod.bounded_resources(cpu=CPU, memory=MEMORY, cpu_limit=CPU),
             security_context=pod.container_security(pod.APP_UID),
             volume_mounts=[
                 fsx_mount,
@@ -68,10 +68,11 @@ class DataPrepChart(Chart):
             metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace),
             spec=network_policy.dns_and_https_out(labels),
         )
+        skips = checkov.annotations([*pod.security_skips(efa_root=False), *image.checkov_skips(dep.image)])
         k8s.KubeJob(
             self,
             "job",
-            metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace),
+            metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace, skips),
             spec=k8s.JobSpec(
                 backoff_limit=BACKOFF_LIMIT,
                 completions=1,

@@ -11,12 +11,18 @@ from cdk8s import Chart
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import naming, network_policy, pod
+from k8s import checkov, image, naming, network_policy, pod
 from k8s.charts.base import meta
 from k8s.deployment import Deployment
 
 LIFETIME_S = 1800
 CONTAINER = "results"
+PROBE_SKIPS = (
+    ("CKV_K8S_8", "No liveness probe: the container only sleeps, nothing in it can hang, and "
+                  "activeDeadlineSeconds ends the pod whatever happens"),
+    ("CKV_K8S_9", "No readiness probe: the pod serves no traffic, and the wrapper waits for Ready "
+                  "only to know that the container runs, which is what Ready means without a probe"),
+)
 
 
 class ResultsChart(Chart):
@@ -45,6 +51,9 @@ class ResultsChart(Chart):
             containers=[container],
             volumes=[pod.fsx_volume(dep.fsx_claim, read_only=True)],
         )
-        metadata = meta(naming.results_pod_name(dep.run_id), labels, dep.namespace)
-        k8s.KubeNetworkPolicy(self, "network-policy", metadata=metadata, spec=network_policy.isolated(labels))
-        k8s.KubePod(self, "pod", metadata=metadata, spec=spec)
+        name = naming.results_pod_name(dep.run_id)
+        k8s.KubeNetworkPolicy(
+            self, "network-policy", metadata=meta(name, labels, dep.namespace), spec=network_policy.isolated(labels)
+        )
+        skips = checkov.annotations([*PROBE_SKIPS, *image.checkov_skips(dep.image)])
+        k8s.KubePod(self, "pod", metadata=meta(name, labels, dep.namespace, skips), spec=spec)

@@ -13,7 +13,7 @@ from cdk8s import ApiObject, ApiObjectMetadata, Chart, JsonPatch
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import commands, naming, network_policy, pod, restart_policy
+from k8s import checkov, commands, image, naming, network_policy, pod, restart_policy
 from k8s.charts.base import meta
 from k8s.deployment import (
     CONFIG_MOUNT,
@@ -25,7 +25,7 @@ from k8s.deployment import (
     Deployment,
 )
 from k8s.environment import training_env
-from k8s.resources import check_memory_budget, gib_quantity, shm_size_gib, training_resources
+from k8s.resources import CPU_LIMIT_SKIP, check_memory_budget, gib_quantity, shm_size_gib, training_resources
 
 # Time for the launcher to stop its workers and flush results/events on `stop` or a drain.
 TERMINATION_GRACE_S = 120
@@ -75,6 +75,13 @@ class TrainingChart(Chart):
     def _meta(self) -> k8s.ObjectMeta:
         return meta(self.dep.job_name, self.run_labels, self.dep.namespace)
 
+    def _scan_skips(self) -> dict[str, str] | None:
+        """The workload object's checkov skips, each with the reason kept beside its cause."""
+        dep = self.dep
+        return checkov.annotations(
+            [*pod.security_skips(efa_root=dep.has_efa), CPU_LIMIT_SKIP, *image.checkov_skips(dep.image)]
+        )
+
     def _config_map(self) -> None:
         k8s.KubeConfigMap(self, "settings", metadata=self._meta(), data={SETTINGS_FILE: settings_document(self.dep)})
 
@@ -104,7 +111,8 @@ class TrainingChart(Chart):
         )
 
     def _job(self) -> None:
-        k8s.KubeJob(self, "job", metadata=self._meta(), spec=self._job_spec(restart_policy.backoff_limit(self.dep)))
+        metadata = meta(self.dep.job_name, self.run_labels, self.dep.namespace, self._scan_skips())
+        k8s.KubeJob(self, "job", metadata=metadata, spec=self._job_spec(restart_policy.backoff_limit(self.dep)))
 
     def _jobset(self) -> None:
         """A JobSet of one Indexed Job (one pod per node). The Job tolerates no failure
@@ -116,7 +124,12 @@ class TrainingChart(Chart):
             "jobset",
             api_version=restart_policy.JOBSET_API_VERSION,
             kind="JobSet",
-            metadata=ApiObjectMetadata(name=self.dep.job_name, namespace=self.dep.namespace, labels=self.run_labels),
+            metadata=ApiObjectMetadata(
+                name=self.dep.job_name,
+                namespace=self.dep.namespace,
+                labels=self.run_labels,
+                annotations=self._scan_skips(),
+            ),
         )
         jobset.add_json_patch(JsonPatch.add("/spec", restart_policy.jobset_spec(self.dep, job["spec"], self.run_labels)))
 

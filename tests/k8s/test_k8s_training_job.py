@@ -208,3 +208,15 @@ def test_every_container_uses_the_run_image(synthesis) -> None:
                 assert container["image"] == synthesis.dep.image.reference
                 # The fixtures use the default: the commit's tag in the stack's repository.
                 assert container["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_helper_containers_have_cpu_and_memory_limits(synthesis) -> None:
+    """Init, data-prep and results containers share a GPU node with a trainer: each is bounded."""
+    data_prep = synthesis.one("Job", "data-prep")["spec"]["template"]["spec"]
+    results = synthesis.one("Pod", "results")["spec"]
+    helpers = [*synthesis.pod_spec["initContainers"], *data_prep["initContainers"], *data_prep["containers"],
+               *results["containers"]]
+    for container in helpers:
+        limits = container["resources"]["limits"]
+        assert {"cpu", "memory"} <= limits.keys(), container["name"]
+        assert limits["memory"] == container["resources"]["requests"]["memory"]
