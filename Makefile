@@ -7,6 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CDK_VERSION := 2.1148.1
 CDK := .cache/cdk/node_modules/.bin/cdk
+# The IaC scanner the tests run (tests/checkov.py); its version and its libraries' are pinned in
+# constraints-checkov.txt.
+CHECKOV := .cache/checkov/bin/checkov
 PROFILE ?= p5
 MODE ?=
 OUTPUTS ?= cdk-outputs.json
@@ -25,11 +28,17 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 $(CDK):
 	npm install --prefix .cache/cdk --no-audit --no-fund --silent aws-cdk@$(CDK_VERSION)
 
+# A virtual environment of its own: checkov pins libraries at other versions than the project.
+$(CHECKOV): constraints-checkov.txt
+	$(PYTHON) -m venv .cache/checkov
+	.cache/checkov/bin/pip install -q -c constraints-checkov.txt checkov
+	touch $@
+
 demo: $(VENV)/.installed
 	$(PY) -m devtools.demo
 
 # pytest exits 5 when it collects no tests: that is not a failure of the code under test.
-test: $(VENV)/.installed $(CDK)
+test: $(VENV)/.installed $(CDK) $(CHECKOV)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 synth: $(VENV)/.installed $(CDK)

@@ -1,4 +1,4 @@
-"""cfn-lint and cdk-nag on every synthesized template, and a real offline `cdk synth`."""
+"""cfn-lint, cdk-nag and checkov on every synthesized template, and a real offline `cdk synth`."""
 
 from __future__ import annotations
 
@@ -41,6 +41,25 @@ def test_cdk_nag_aws_solutions_has_no_unacknowledged_findings(synth, variant):
     # Both validation plugins: cdk-nag's AwsSolutions pack and CDK's built-in template check.
     s = synth(variant)
     assert not s.violations, "\n".join(f"{p}: {rule} at {path}" for p, rule, path in s.violations)
+
+
+def test_checkov_finds_nothing_in_any_template(synth, variant_names, tmp_path):
+    """One checkov process over the templates of every variant (not their Lambda assets)."""
+    from tests.checkov import scan
+
+    stacks = set()
+    for variant in variant_names:
+        s = synth(variant)
+        for template in s.outdir.glob("*.template.json"):
+            shutil.copy(template, tmp_path / template.name)
+            stacks.add(template.name)
+    assert len(stacks) == 4 * len(variant_names)  # the profiles' names keep the files apart
+    result = scan("cloudformation", tmp_path)
+    assert not result.parsing_errors
+    assert not result.failed, "checkov findings in the templates:\n" + result.failures()
+    scanned = {Path(r["file_path"]).name for r in (*result.passed, *result.skipped)}
+    assert scanned == stacks
+    assert all(r["check_result"].get("suppress_comment") for r in result.skipped)
 
 
 def test_cdk_nag_plugin_is_wired_and_reports_findings(tmp_path):
