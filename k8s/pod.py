@@ -8,6 +8,7 @@ instances therefore run as uid 0 with every capability dropped except IPC_LOCK, 
 escalation and the RuntimeDefault seccomp profile; every other container runs as the image's
 non-root user. FSx for Lustre ignores fsGroup, so a short root init container (CHOWN and
 DAC_OVERRIDE only) creates the directories a non-root container writes and hands them over.
+Every container's root filesystem is read-only; what it writes goes to its volumes.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def shm_volume(size: str) -> k8s.Volume:
 def scratch_volume() -> k8s.Volume:
     """A node-disk emptyDir for what would otherwise go to the root filesystem: temporary files
     (the launchers' logs and sockets) and the home directory's caches (Hugging Face downloads,
-    compiler caches). Unbounded, as the container's writable layer it replaces was."""
+    compiler caches). Unbounded, like the writable root layer it stands in for."""
     return k8s.Volume(name=SCRATCH_VOLUME, empty_dir=k8s.EmptyDirVolumeSource())
 
 

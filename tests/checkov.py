@@ -34,9 +34,12 @@ class Scan:
         return {r["resource"] for r in (*self.passed, *self.failed, *self.skipped)}
 
     def failures(self) -> str:
-        return "\n".join(
-            f"{r['check_id']} {r['check_name']}: {r['resource']} in {r['file_path']}" for r in self.failed
-        )
+        return describe(self.failed)
+
+
+def describe(records: list[dict]) -> str:
+    """One line per result: the check, what it asks, and where."""
+    return "\n".join(f"{r['check_id']} {r['check_name']}: {r['resource']} in {r['file_path']}" for r in records)
 
 
 def checkov_command(framework: str, *targets: Path) -> list[str]:
@@ -56,7 +59,8 @@ def scan(framework: str, *targets: Path, prefix: tuple[str, ...] = ()) -> Scan:
     # Exit 1 means failed checks, which the report below shows; anything else is checkov failing.
     assert proc.returncode in (0, 1), f"checkov exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     report = json.loads(proc.stdout)
-    assert isinstance(report, dict) and report.get("check_type") == framework, f"no {framework} results: {proc.stdout[:500]}"
+    found = isinstance(report, dict) and report.get("check_type") == framework
+    assert found, f"no {framework} results (nothing scanned?): {proc.stdout[:500]}"
     results = report["results"]
     return Scan(
         passed=results.get("passed_checks", []),

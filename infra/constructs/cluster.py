@@ -254,8 +254,8 @@ class EksCluster(Construct):
                     function,
                     (
                         "CKV_AWS_115",
-                        "Invoked only by CloudFormation for this stack's own manifests and charts; "
-                        "a reserved concurrency would only throttle deployments.",
+                        "Runs only while CloudFormation applies this stack's own manifests and "
+                        "charts; a reserved concurrency would only throttle deployments.",
                     ),
                     (
                         "CKV_AWS_116",

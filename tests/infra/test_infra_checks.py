@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from cfnlint.api import ManualArgs, lint_file
 
+from tests.checkov import scan
+
 VARIANTS = ["p5", "p4de", "g5-dev", "p5-capacity-block", "p4de-existing-vpc"]
 
 # Accepted cfn-lint warnings (no errors are accepted):
@@ -45,8 +47,6 @@ def test_cdk_nag_aws_solutions_has_no_unacknowledged_findings(synth, variant):
 
 def test_checkov_finds_nothing_in_any_template(synth, variant_names, tmp_path):
     """One checkov process over the templates of every variant (not their Lambda assets)."""
-    from tests.checkov import scan
-
     stacks = set()
     for variant in variant_names:
         s = synth(variant)

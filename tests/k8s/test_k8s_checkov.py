@@ -15,7 +15,7 @@ from config import RECOVERY_MODES, load_profile
 from k8s import checkov, naming, synth
 from k8s.deployment import resolve
 from k8s.outputs import load_outputs
-from tests.checkov import ROOT, scan
+from tests.checkov import ROOT, describe, scan
 
 DOCKERFILE = ROOT / "Dockerfile"
 PROFILES = sorted(p.stem for p in (ROOT / "config" / "profiles").glob("*.yaml"))
@@ -57,10 +57,14 @@ def test_checkov_finds_nothing_in_the_dockerfile(tmp_path: Path) -> None:
     probe = tmp_path / "Dockerfile"
     probe.write_text("FROM ubuntu\nRUN true\n")
     result = scan("dockerfile", DOCKERFILE, probe)
-    ours = [r for r in result.failed if Path(r["file_abs_path"]) == DOCKERFILE]
-    assert not ours, "checkov findings in the Dockerfile:\n" + result.failures()
-    assert {r["check_id"] for r in result.failed if Path(r["file_abs_path"]) == probe} >= {"CKV_DOCKER_2", "CKV_DOCKER_7"}
-    assert any(Path(r["file_abs_path"]) == DOCKERFILE for r in result.passed)
+
+    def of(path: Path, records: list[dict]) -> list[dict]:
+        return [r for r in records if Path(r["file_abs_path"]) == path]
+
+    ours = of(DOCKERFILE, result.failed)
+    assert not ours, "checkov findings in the Dockerfile:\n" + describe(ours)
+    assert of(DOCKERFILE, result.passed)
+    assert {r["check_id"] for r in of(probe, result.failed)} >= {"CKV_DOCKER_2", "CKV_DOCKER_7"}
 
 
 def test_checkov_runs_without_a_network() -> None:

@@ -57,7 +57,7 @@ def test_trainer_runs_with_only_the_pods_writable_paths(mode: str) -> None:
             "mount --make-rprivate /",
             f"mount -t tmpfs scratch {SCRATCH_MOUNT}",
             "mount -o remount,bind,ro /",
-            f"if touch /.nvrx-eks-probe 2>/dev/null; then echo 'root is writable' >&2; exit 97; fi",
+            "if touch /.nvrx-eks-probe 2>/dev/null; then echo 'root is writable' >&2; exit 97; fi",
             f"cd {shlex.quote(str(ROOT))}",
             "exec " + shlex.join(job),
         ])  # fmt: skip
