@@ -184,8 +184,8 @@ def prepare_dirs_container(
 
 
 def bounded_resources(cpu: str = "100m", memory: str = "256Mi", cpu_limit: str = "1") -> k8s.ResourceRequirements:
-    """Resources of a helper container (init, data prep, results), which shares a GPU node with
-    a training pod: a memory limit equal to the request (no surprise OOM of the node) and a CPU
+    """Resources of an init, data-prep or results container, which shares a GPU node with a
+    training pod: a memory limit equal to the request (no surprise OOM of the node) and a CPU
     limit, so that a burst of it never takes the trainer's cores. The training container itself
     has no CPU limit (k8s.resources)."""
     return k8s.ResourceRequirements(

@@ -210,13 +210,13 @@ def test_every_container_uses_the_run_image(synthesis) -> None:
                 assert container["imagePullPolicy"] == "IfNotPresent"
 
 
-def test_helper_containers_have_cpu_and_memory_limits(synthesis) -> None:
+def test_the_other_containers_have_cpu_and_memory_limits(synthesis) -> None:
     """Init, data-prep and results containers share a GPU node with a trainer: each is bounded."""
     data_prep = synthesis.one("Job", "data-prep")["spec"]["template"]["spec"]
     results = synthesis.one("Pod", "results")["spec"]
-    helpers = [*synthesis.pod_spec["initContainers"], *data_prep["initContainers"], *data_prep["containers"],
-               *results["containers"]]
-    for container in helpers:
+    others = [*synthesis.pod_spec["initContainers"], *data_prep["initContainers"], *data_prep["containers"],
+              *results["containers"]]
+    for container in others:
         limits = container["resources"]["limits"]
         assert {"cpu", "memory"} <= limits.keys(), container["name"]
         assert limits["memory"] == container["resources"]["requests"]["memory"]
