@@ -88,5 +88,7 @@ def training_env(dep: Deployment) -> list[k8s.EnvVar]:
     return [completion_index_env(), hf_token_env(), *as_env_vars(plain)]
 
 
-def data_prep_env() -> list[k8s.EnvVar]:
+def hub_job_env() -> list[k8s.EnvVar]:
+    """The one-off Jobs that may read from the Hugging Face hub (data prep: a tokenizer and C4;
+    export: a hub model's config or tokenizer) get the optional token reference."""
     return [hf_token_env(), *as_env_vars({"PYTHONUNBUFFERED": "1"})]

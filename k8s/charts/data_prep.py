@@ -16,7 +16,7 @@ from constructs import Construct
 from k8s import commands, naming, pod
 from k8s.charts.base import meta
 from k8s.deployment import Deployment
-from k8s.environment import data_prep_env
+from k8s.environment import hub_job_env
 
 BACKOFF_LIMIT = 3  # network hiccups while streaming C4; more would hide a real error
 CPU = "2"
@@ -42,7 +42,7 @@ class DataPrepChart(Chart):
             image_pull_policy=dep.image_pull_policy,
             command=command,
             args=args,
-            env=data_prep_env(),
+            env=hub_job_env(),
             resources=pod.bounded_resources(cpu=CPU, memory=MEMORY),
             security_context=pod.container_security(pod.APP_UID),
             volume_mounts=[fsx_mount],

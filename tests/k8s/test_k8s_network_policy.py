@@ -19,9 +19,9 @@ def test_ingress_only_from_the_same_run_on_all_ports(synthesis) -> None:
     assert rule["from"] == [{"podSelector": policy["podSelector"]}]
 
 
-def test_data_prep_and_results_pods_are_not_selected(synthesis) -> None:
+def test_data_prep_results_and_export_pods_are_not_selected(synthesis) -> None:
     selector = synthesis.one("NetworkPolicy")["spec"]["podSelector"]["matchLabels"]
-    for component, kind in (("data-prep", "Job"), ("results", "Pod")):
+    for component, kind in (("data-prep", "Job"), ("results", "Pod"), ("export", "Job")):
         doc = synthesis.one(kind, component)
         labels = doc["spec"]["template"]["metadata"]["labels"] if kind == "Job" else doc["metadata"]["labels"]
         assert not selector.items() <= labels.items()
