@@ -253,8 +253,9 @@ EXPORT_DIR = "export"
 EXPORT_FILE_BYTES = 2 * 10**9
 
 
-def export_name(fmt: str, step: int, dtype: str = EXPORT_DTYPE_DEFAULT) -> str:
+def export_name(fmt: str, step: int | str, dtype: str = EXPORT_DTYPE_DEFAULT) -> str:
     """`hf-step500`, `dcp-step500`; `hf-bf16-step500` for another dtype than training's, so
-    exports of one step in two dtypes never meet."""
+    exports of one step in two dtypes never meet. (`step` "<N>": the name before the step is
+    known, as the wrapper shows it.)"""
     kind = fmt if dtype == EXPORT_DTYPE_DEFAULT else f"{fmt}-{dtype}"
     return f"{kind}-step{step}"
