@@ -26,8 +26,9 @@ from k8s.environment import hub_job_env
 BACKOFF_LIMIT = 2  # a file system hiccup; a damaged checkpoint (exit 2) fails at once
 CPU = "1"
 GIB = 1 << 30
-# The interpreter with torch and transformers (0.4 GB), and room for the page cache the
-# kernel reclaims from the mapped shards.
+# Besides the tensors: the interpreter with torch and transformers (0.2 GB), the shards'
+# digests (eight 64 MiB chunks hashed at once, before any tensor is held), and room for the
+# page cache of the mapped shards, which the kernel reclaims.
 OVERHEAD_BYTES = GIB
 # A model directory or hub id is sized as the largest preset: its shapes are on FSx, not here.
 UNKNOWN_MODEL = "llama3.1-8b"
