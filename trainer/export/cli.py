@@ -27,6 +27,8 @@ from trainer.atomic import fsync_dir, read_json, write_json_atomic
 from trainer.durable.run_settings import SETTINGS_FILE
 from trainer.durable.store import MANIFEST, CheckpointError, CheckpointStore
 from trainer.errors import ConfigError
+from trainer.export import model as models
+from trainer.export import tokenizer as tokenizers
 from trainer.export.progress import PREFIX, Progress, size
 from trainer.export.source import Checkpoint, ExportError, choose
 
@@ -91,8 +93,6 @@ def target(args: argparse.Namespace, step: int) -> Path:
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> Path:
     """The export, from checks to the final rename; returns the directory written."""
-    from trainer.export import model as models
-
     t0 = time.monotonic()
     check_args(args)
     settings = read_json(args.checkpoint_dir / SETTINGS_FILE)
@@ -101,12 +101,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> Path:
     step, path = choose(store, args.step)
     out = target(args, step)
     model = models.meta_model(ref)
-    tokenizer = None
-    if args.format == "hf":
-        from trainer.export import tokenizer as tokenizers
-
-        tokenizer = args.tokenizer or tokenizers.of_run(settings, log)
-        tokenizer = None if tokenizer == tokenizers.NONE else tokenizer
+    tokenizer_ref = _tokenizer_ref(args, settings, log)
+    tokenizer = tokenizers.load(tokenizer_ref) if tokenizer_ref else None
     ckpt = _open(store, step, path, args.step is None, log)
     models.check_matches(ckpt, model, ref)
     partial = out.with_name(f".{out.name}.partial")
@@ -114,7 +110,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> Path:
     partial.mkdir(parents=True)
     try:
         nbytes = _write(args, ckpt, model, ref, tokenizer, partial, log)
-        write_json_atomic(partial / EXPORT_RECORD, _record(args, ckpt, ref, tokenizer))
+        write_json_atomic(partial / EXPORT_RECORD, _record(args, ckpt, ref, tokenizer_ref))
         fsync_dir(partial)
         os.rename(partial, out)
         fsync_dir(out.parent)
@@ -124,6 +120,15 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> Path:
     log(f"{PREFIX} step {step} of {args.checkpoint_dir} (world size {ckpt.world_size}) as "
         f"{args.format} {args.dtype}: {size(nbytes)} in {out} ({time.monotonic() - t0:.1f} s)")
     return out
+
+
+def _tokenizer_ref(args: argparse.Namespace, settings: Optional[dict],
+                   log: Callable[[str], None]) -> Optional[str]:
+    """The tokenizer an `hf` export carries: --tokenizer, else the run's; None: none."""
+    if args.format != "hf":
+        return None
+    ref = args.tokenizer or tokenizers.of_run(settings, log)
+    return None if ref == tokenizers.NONE else ref
 
 
 def _open(store: CheckpointStore, step: int, path: Path, newest: bool,
@@ -142,8 +147,8 @@ def _open(store: CheckpointStore, step: int, path: Path, newest: bool,
         raise
 
 
-def _write(args: argparse.Namespace, ckpt: Checkpoint, model, ref: str,
-           tokenizer: Optional[str], out: Path, log: Callable[[str], None]) -> int:
+def _write(args: argparse.Namespace, ckpt: Checkpoint, model, ref: str, tokenizer, out: Path,
+           log: Callable[[str], None]) -> int:
     from trainer.export import dcp, hf
     from trainer.export.model import torch_dtype
     from trainer.loop.model import llama_config

@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable
 
-from trainer.export import tokenizer as tokenizers
 from trainer.export.progress import Progress
 from trainer.export.source import MODEL, Checkpoint, Parameter
 
@@ -44,10 +43,11 @@ def plan_files(params: list[Parameter], itemsize: int, max_bytes: int) -> list[l
     return files
 
 
-def write(ckpt: Checkpoint, config, out: Path, dtype: "torch.dtype", tokenizer: Optional[str],
+def write(ckpt: Checkpoint, config, out: Path, dtype: "torch.dtype", tokenizer,
           max_file_bytes: int, log: Callable[[str], None]) -> int:
     """Write the export into the (empty) directory `out`: the weights in `dtype`, `config` (the
-    model's LlamaConfig) and `tokenizer` (when known); returns the bytes of weights."""
+    model's LlamaConfig) and `tokenizer` (a Hugging Face tokenizer, or None when not known);
+    returns the bytes of weights."""
     import torch
     from safetensors.torch import save_file
 
@@ -66,12 +66,12 @@ def write(ckpt: Checkpoint, config, out: Path, dtype: "torch.dtype", tokenizer: 
         progress.add(sum(p.numel for p in params) * itemsize)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    written = tokenizers.save(tokenizer, out) if tokenizer else None
     config.architectures = [ARCHITECTURE]
     config.dtype = dtype
     config.use_cache = True  # for inference; the trainer builds its model without a KV cache
-    if written is not None:
-        config.eos_token_id, config.bos_token_id = written.eos_token_id, written.bos_token_id
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+        config.eos_token_id, config.bos_token_id = tokenizer.eos_token_id, tokenizer.bos_token_id
     config.save_pretrained(out)
     from transformers import GenerationConfig
 

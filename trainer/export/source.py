@@ -64,10 +64,8 @@ def choose(store: CheckpointStore, step: Optional[int]) -> tuple[int, Path]:
 class Checkpoint:
     """The verified, mapped shards of one committed checkpoint and the parameters they hold."""
 
-    def __init__(self, root: Path, step: int, path: Path, manifest: dict,
-                 shards: list[LoadedShard]):
-        self.root, self.step, self.path, self.manifest = root, step, path, manifest
-        self.shards = shards
+    def __init__(self, step: int, path: Path, shards: list[LoadedShard]):
+        self.step, self.path, self.shards = step, path, shards
         self.params = _parameters(path, shards)
 
     @staticmethod
@@ -79,7 +77,7 @@ class Checkpoint:
         for rank in range(manifest["world_size"]):
             shards.append(store.load_shard(path, manifest, rank, verify=True))
             on_shard(shards[-1].bytes)
-        return Checkpoint(store.root, step, path, manifest, shards)
+        return Checkpoint(step, path, shards)
 
     @property
     def world_size(self) -> int:

@@ -11,24 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from trainer.export.source import ExportError
 from trainer.loop.data import BYTE_EOS, BYTE_VOCAB
 
 BYTE = "byte"
 NONE = "none"
 BYTE_BOS = BYTE_VOCAB - 1
 BYTE_SPECIAL = {BYTE_EOS: "<eos>", BYTE_BOS: "<bos>"}
-
-
-@dataclass(frozen=True)
-class Written:
-    """The special ids of the tokenizer written, for the model's config."""
-
-    eos_token_id: Optional[int]
-    bos_token_id: Optional[int]
 
 
 def of_run(settings: Optional[dict], log: Callable[[str], None]) -> Optional[str]:
@@ -53,16 +45,18 @@ def of_run(settings: Optional[dict], log: Callable[[str], None]) -> Optional[str
     return name
 
 
-def save(ref: str, out: Path) -> Written:
-    """Write tokenizer `ref` (a directory, a hub id or "byte") into `out`."""
+def load(ref: str):
+    """Tokenizer `ref` (a directory, a hub id or "byte"), loaded before any weight is written,
+    so that one that cannot be is refused first."""
     if ref == BYTE:
-        tok = byte_tokenizer()
-    else:
-        from transformers import AutoTokenizer
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(ref, local_files_only=os.path.isdir(ref))
-    tok.save_pretrained(out)
-    return Written(tok.eos_token_id, tok.bos_token_id)
+    try:
+        return AutoTokenizer.from_pretrained(ref, local_files_only=os.path.isdir(ref))
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"tokenizer {ref!r} cannot be loaded ({exc}); pass --tokenizer DIR, "
+                          "or --tokenizer none") from None
 
 
 def byte_tokenizer():

@@ -146,7 +146,7 @@ def test_the_export_does_not_depend_on_the_world_size_that_wrote_the_shards(run_
             assert path.read_bytes() == (tmp_path / "one" / fmt / path.name).read_bytes(), path.name
 
 
-def test_a_damaged_or_uncommitted_checkpoint_is_refused_by_name(run_dir, tmp_path):
+def test_a_damaged_or_uncommitted_checkpoint_is_refused_by_name(run_dir, tmp_path, capsys):
     ckpts = tmp_path / "checkpoints"
     shutil.copytree(run_dir / "checkpoints", ckpts)
     shard = ckpts / step_dir_name(STEPS) / shard_name(1)
@@ -165,11 +165,19 @@ def test_a_damaged_or_uncommitted_checkpoint_is_refused_by_name(run_dir, tmp_pat
     export(ckpts, "--format", "hf", "--step", str(INTERVAL), "--out_root", str(out))
     assert (out / f"hf-step{INTERVAL}" / "config.json").is_file()
 
+    def refused(*args: str) -> str:
+        capsys.readouterr()
+        assert main(["--checkpoint_dir", str(ckpts), *args, "--out", str(tmp_path / "never")]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        return line
+
     (ckpts / step_dir_name(INTERVAL) / MANIFEST).unlink()
-    assert main(["--checkpoint_dir", str(ckpts), "--step", str(INTERVAL), "--format", "dcp",
-                 "--out", str(tmp_path / "never")]) == 2
-    assert main(["--checkpoint_dir", str(ckpts), "--step", "3", "--format", "dcp",
-                 "--out", str(tmp_path / "never")]) == 2
+    uncommitted = refused("--step", str(INTERVAL), "--format", "dcp")
+    assert f"{ckpts / step_dir_name(INTERVAL) / MANIFEST} does not exist" in uncommitted
+    assert uncommitted.endswith(f"committed steps: {STEPS}")
+    assert f"no checkpoint {ckpts / step_dir_name(3)}" in refused("--step", "3", "--format", "dcp")
+    missing = str(tmp_path / "no-such-tokenizer")  # refused before a shard is read
+    assert f"tokenizer {missing!r} cannot be loaded" in refused("--format", "hf", "--tokenizer", missing)
     assert not (tmp_path / "never").exists()
 
 
