@@ -275,7 +275,10 @@ def cmd_export(s: Session) -> int:
         s.kubectl.run("apply", "--filename", str(files[synth.NAMESPACE]))
     s.kubectl.run("delete", "job", job, "--ignore-not-found", "--wait=true")
     s.kubectl.run("apply", "--filename", str(files[synth.COMMON]), "--filename", str(files[synth.EXPORT]))
-    which, step = ("the newest committed checkpoint", "<N>") if request.step is None else (f"step {request.step}", request.step)
+    if request.step is None:
+        which, step = "the newest committed checkpoint", "<N>"
+    else:
+        which, step = f"step {request.step}", request.step
     target = f"{dep.export_root}/{export_name(request.format, step, request.dtype)}"
     s.kubectl.show(f"# export of {dep.run_id}: {which} as {request.format} {request.dtype}, into {target}")
     if s.args.wait:
