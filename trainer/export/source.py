@@ -127,7 +127,9 @@ def _parameters(path: Path, shards: list[LoadedShard]) -> dict[str, Parameter]:
     return out
 
 
-def _check_rows(path: Path, name: str, shape: list[int], pieces: list[tuple[int, int, int]]) -> None:
+def _check_rows(path: Path, name: str, shape: list[int],
+                pieces: list[tuple[int, int, int]]) -> None:
+    """The pieces, in row order, cover rows 0 to shape[0] once each."""
     if not shape:
         return
     row = 0
