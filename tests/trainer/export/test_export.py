@@ -196,11 +196,43 @@ def test_bad_arguments_are_one_line_before_anything_is_read(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_tied_embeddings_are_exported_under_each_state_dict_key():
-    """llama-1b ties its output projection to the embedding: one parameter, two keys, so a fresh
-    model's state dict finds both in a DCP export."""
-    from trainer.export.model import meta_model, state_dict_names
+def test_tied_embeddings_load_tied_from_both_formats(one_rank_group, tmp_path):
+    """llama-1b and llama-3b tie the output projection to the embedding: one parameter in the
+    shards. A small tied model, checkpointed by one rank: Hugging Face ties it again from the
+    embedding alone, and DCP holds it under both state-dict keys, so a fresh model loads both."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    names = state_dict_names(meta_model("llama-1b"))
-    assert names["lm_head.weight"] == names["model.embed_tokens.weight"] == "model.embed_tokens.weight"
-    assert all(key == name for key, name in names.items() if key != "lm_head.weight")
+    from trainer.atomic import write_json_atomic
+    from trainer.loop.model import llama_config
+
+    fields = {k: v for k, v in llama_config("tiny").to_dict().items() if k != "tie_word_embeddings"}
+    LlamaConfig(**fields, tie_word_embeddings=True).save_pretrained(tmp_path / "tied")
+    model = build_model(str(tmp_path / "tied"), seed=5)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    optimizer = torch.optim.AdamW(model.parameters())
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    write_json_atomic(ckpts / SETTINGS_FILE, {"model": str(tmp_path / "tied"), "data_path": None})
+    manager = CheckpointManager(str(ckpts), rank=0, world_size=1, device=torch.device("cpu"),
+                                use_async=False, retain=2, timeout_s=60, events=EventLog(None, 0),
+                                node_root=tmp_path / "node")
+    manager.save(1, model, optimizer, {"loss": 0.0})
+    manager.finish()
+    manager.close()
+
+    export(ckpts, "--format", "hf", "--out", str(tmp_path / "hf"))
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert "lm_head.weight" not in index["weight_map"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(logits(loaded), logits(model))
+
+    export(ckpts, "--format", "dcp", "--out", str(tmp_path / "dcp"))
+    fresh = build_model(str(tmp_path / "tied"), seed=6)
+    state = fresh.state_dict()
+    assert {"lm_head.weight", "model.embed_tokens.weight"} <= state.keys()
+    dcp.load(state, checkpoint_id=tmp_path / "dcp", no_dist=True)
+    for name, p in model.named_parameters():
+        assert torch.equal(fresh.get_parameter(name), p), name
+    assert torch.equal(fresh.lm_head.weight, model.lm_head.weight)
