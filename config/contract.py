@@ -238,3 +238,24 @@ def snapshot_bytes(shard_bytes: int, peer: bool, durable: bool) -> int:
     """Host memory the tiers need per rank: own slots, plus replica slots with a peer. With the
     tiers, durable checkpoints are written from a slot: no staging buffer besides."""
     return shard_bytes * (own_slots(peer, durable) + (PEER_SLOTS if peer else 0))
+
+
+# --- Export ---------------------------------------------------------------------------------------
+# `python -m trainer.export` and the export Job (`nvrx-eks export`) agree on its choices and on
+# where an export of a run lands: `<run dir>/export/<name>`, named after what it holds.
+EXPORT_FORMATS = ("hf", "dcp")
+EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # choice -> torch dtype name
+EXPORT_DTYPE_DEFAULT = "fp32"  # what training keeps: the export is exact
+EXPORT_DIR = "export"
+# The most bytes of weights one safetensors file of an `hf` export holds (a larger parameter
+# gets a file of its own). The export holds one file's tensors in memory at a time: this
+# bounds its memory, and the export Job's request.
+EXPORT_FILE_BYTES = 2 * 10**9
+
+
+def export_name(fmt: str, step: int | str, dtype: str = EXPORT_DTYPE_DEFAULT) -> str:
+    """`hf-step500`, `dcp-step500`; `hf-bf16-step500` for another dtype than training's, so
+    exports of one step in two dtypes never meet. (`step` "<N>": the name before the step is
+    known, as the wrapper shows it.)"""
+    kind = fmt if dtype == EXPORT_DTYPE_DEFAULT else f"{fmt}-{dtype}"
+    return f"{kind}-step{step}"

@@ -53,3 +53,12 @@ def preset_parameters(name: str) -> int:
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * c["intermediate_size"] + 2 * h
     embeddings = vocab * h * (1 if c["tie_word_embeddings"] else 2)
     return embeddings + layers * per_layer + h
+
+
+def preset_largest_parameter(name: str) -> int:
+    """Elements of a preset's largest parameter (the embedding, for every preset here): what
+    an export holds whole while it assembles it."""
+    c = PRESETS[name]
+    h = c["hidden_size"]
+    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+    return h * max(c["vocab_size"], c["intermediate_size"], h, kv)

@@ -1,4 +1,4 @@
-"""Container commands: the launcher line, the trainer flags and the data-prep line.
+"""Container commands: the launcher line, the trainer flags, the data-prep and export lines.
 
 The launcher (trainer.recovery.launch) picks torchrun or ft_launcher and the flag spelling of the
 installed NVRx version; the manifests only pass the contract's flags with values from the
@@ -66,5 +66,23 @@ def data_prep_command(dep: Deployment) -> tuple[list[str], list[str]]:
             "--num_samples", str(dep.profile.data.samples),
             "--tokenizer", dep.tokenizer,
             "--output", dep.data_dir,
+        ],
+    )  # fmt: skip
+
+
+def export_command(dep: Deployment) -> tuple[list[str], list[str]]:
+    """The export of the run's checkpoint into `<run dir>/export/<format>-step<N>`; N is
+    the step exported, which the Job knows once it has found the newest committed one."""
+    request = dep.export
+    step = [] if request.step is None else ["--step", str(request.step)]
+    return (
+        ["python", "-m", "trainer.export"],
+        [
+            "--checkpoint_dir", dep.checkpoint_dir,
+            *step,
+            "--format", request.format,
+            "--dtype", request.dtype,
+            "--out_root", dep.export_root,
+            *(["--optimizer"] if request.optimizer else []),
         ],
     )  # fmt: skip

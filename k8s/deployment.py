@@ -13,6 +13,7 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
+from config.contract import EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FORMATS
 from config.training import TrainConfig, batch_problem, describe
 from k8s import naming, outputs
 from k8s.errors import SynthError
@@ -28,6 +29,29 @@ SETTINGS_FILE = "settings.json"
 
 
 @dataclass(frozen=True)
+class ExportRequest:
+    """What the export Job writes: one format and dtype of one checkpoint (None: the newest
+    committed one, whose step names the export directory once the Job has found it), with
+    Adam's state (`optimizer`, dcp only) or without."""
+
+    format: str = EXPORT_FORMATS[0]
+    dtype: str = EXPORT_DTYPE_DEFAULT
+    step: int | None = None
+    optimizer: bool = False
+
+    def check(self) -> "ExportRequest":
+        if self.format not in EXPORT_FORMATS:
+            raise SynthError(f"export format {self.format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+        if self.dtype not in EXPORT_DTYPES:
+            raise SynthError(f"export dtype {self.dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
+        if self.step is not None and self.step < 0:
+            raise SynthError(f"--step {self.step} must be a step number, 0 or more")
+        if self.optimizer and self.format != "dcp":
+            raise SynthError(f"--optimizer applies to --format dcp, not {self.format}")
+        return self
+
+
+@dataclass(frozen=True)
 class Deployment:
     """One run of one profile in one mode, with every external value resolved."""
 
@@ -39,6 +63,7 @@ class Deployment:
     fsx_claim: str
     node_local_host_dir: str | None  # NodeLocalDir from the outputs; None unless node_dir == nvme
     namespace_owned_by_stack: bool
+    export: ExportRequest = ExportRequest()
 
     @property
     def tokenizer(self) -> str:
@@ -87,6 +112,11 @@ class Deployment:
     @property
     def checkpoint_dir(self) -> str:
         return f"{self.run_dir}/checkpoints"
+
+    @property
+    def export_root(self) -> str:
+        """Where the run's exports go, each in a directory named for what it holds."""
+        return f"{self.run_dir}/{EXPORT_DIR}"
 
     @property
     def results_path(self) -> str:
@@ -166,6 +196,7 @@ def resolve(
     mode: str | None = None,
     run_id: str | None = None,
     now: datetime | None = None,
+    export: ExportRequest = ExportRequest(),
 ) -> Deployment:
     """Combine profile, outputs and CLI choices; raise SynthError naming the first bad value."""
     chosen_mode = _check_mode(mode or profile.recovery.mode)
@@ -185,6 +216,7 @@ def resolve(
         fsx_claim=out.require(outputs.FSX_PVC_NAME, "the FSx claim every pod mounts"),
         node_local_host_dir=node_local,
         namespace_owned_by_stack=out.get(outputs.NAMESPACE) is not None,
+        export=export.check(),
     )
     trainer_settings(dep)  # refuse now what the pods would refuse
     return dep

@@ -89,5 +89,7 @@ def training_env(dep: Deployment) -> list[k8s.EnvVar]:
     return [completion_index_env(), *as_env_vars(plain)]
 
 
-def data_prep_env() -> list[k8s.EnvVar]:
+def hub_job_env() -> list[k8s.EnvVar]:
+    """The one-off Jobs that may read from the Hugging Face hub (data prep: a tokenizer and C4;
+    export: a hub model's config or tokenizer) find the optional token where it is mounted."""
     return as_env_vars({**files_env(), "PYTHONUNBUFFERED": "1"})

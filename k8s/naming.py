@@ -22,6 +22,7 @@ LABEL_MODE = "nvrx-eks/mode"
 COMPONENT_TRAIN = "train"
 COMPONENT_DATA_PREP = "data-prep"
 COMPONENT_RESULTS = "results"
+COMPONENT_EXPORT = "export"
 
 # Set by the Job controller on Indexed Job pods (label since 1.28, annotation since 1.21).
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
@@ -30,6 +31,7 @@ COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 # Contract with the infra stacks (GPU node group): config/contract.py.
 NODE_GROUP_LABEL = contract.NODE_GROUP_LABEL_KEY
 NODE_GROUP_GPU = contract.NODE_GROUP_GPU
+NODE_GROUP_SYSTEM = contract.NODE_GROUP_SYSTEM
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_TAINT_KEY = contract.GPU_TAINT_KEY
@@ -52,6 +54,7 @@ DATA_PREP_JOB = "data-prep"
 HF_TOKEN_SECRET = "hf-token"
 HF_TOKEN_KEY = "token"
 TRAINER_CONTAINER = "trainer"
+EXPORT_CONTAINER = "export"
 
 # Ports between training pods (contract with the trainer's launcher).
 RENDEZVOUS_PORT = contract.DEFAULT_MASTER_PORT  # torchrun / ft_launcher rendezvous and TCPStore
@@ -62,6 +65,7 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_LABEL_MAX = 63
 TRAIN_PREFIX = "train-"
 RESULTS_PREFIX = "results-"
+EXPORT_PREFIX = "export-"
 
 
 def mode_slug(mode: str) -> str:
@@ -108,6 +112,11 @@ def train_job_name(run_id: str) -> str:
 
 def results_pod_name(run_id: str) -> str:
     return f"{RESULTS_PREFIX}{run_id}"[:_DNS_LABEL_MAX].rstrip("-")
+
+
+def export_job_name(run_id: str, fmt: str) -> str:
+    """One export Job per run and format: exporting another format never replaces a running one."""
+    return f"{EXPORT_PREFIX}{fmt}-{run_id}"[:_DNS_LABEL_MAX].rstrip("-")
 
 
 def base_labels(component: str) -> dict[str, str]:

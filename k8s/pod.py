@@ -1,4 +1,4 @@
-"""Pod building blocks shared by the training, data-prep and results charts.
+"""Pod building blocks shared by the training, data-prep, results and export charts.
 
 Security model (why root only where EFA is used): EFA registers host memory with the NIC, which
 the kernel counts against RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK. Kubernetes has
@@ -109,8 +109,8 @@ def node_local_volume(host_path: str) -> k8s.Volume:
     return k8s.Volume(name=NODE_LOCAL_VOLUME, host_path=source)
 
 
-def mount(volume: str, path: str, read_only: bool = False) -> k8s.VolumeMount:
-    return k8s.VolumeMount(name=volume, mount_path=path, read_only=read_only or None)
+def mount(volume: str, path: str, read_only: bool = False, sub_path: str | None = None) -> k8s.VolumeMount:
+    return k8s.VolumeMount(name=volume, mount_path=path, read_only=read_only or None, sub_path=sub_path)
 
 
 def gpu_node_selector(spec: InstanceSpec) -> dict[str, str]:
@@ -119,6 +119,11 @@ def gpu_node_selector(spec: InstanceSpec) -> dict[str, str]:
         naming.NODE_GROUP_LABEL: naming.NODE_GROUP_GPU,
         naming.INSTANCE_TYPE_LABEL: spec.instance_type,
     }
+
+
+def system_node_selector() -> dict[str, str]:
+    """The stack's system node group: CPU work that must not take a GPU node's place."""
+    return {naming.NODE_GROUP_LABEL: naming.NODE_GROUP_SYSTEM}
 
 
 def gpu_tolerations() -> list[k8s.Toleration]:

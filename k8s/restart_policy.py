@@ -35,7 +35,9 @@ def backoff_limit(dep: Deployment) -> int:
     return dep.profile.recovery.backoff_limit * dep.profile.node_count
 
 
-def pod_failure_policy() -> k8s.PodFailurePolicy:
+def pod_failure_policy(container: str = naming.TRAINER_CONTAINER) -> k8s.PodFailurePolicy:
+    """Disruptions replace the pod for free; exit code 2 of `container` fails the Job. The
+    export Job follows the same two rules (its exit code 2: a damaged checkpoint, bad flags)."""
     # `onPodConditions: []` is required on every rule by the 1.28 API.
     return k8s.PodFailurePolicy(
         rules=[
@@ -46,7 +48,7 @@ def pod_failure_policy() -> k8s.PodFailurePolicy:
             k8s.PodFailurePolicyRule(
                 action="FailJob",
                 on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
-                    container_name=naming.TRAINER_CONTAINER,
+                    container_name=container,
                     operator="In",
                     values=[USAGE_ERROR_EXIT_CODE],
                 ),

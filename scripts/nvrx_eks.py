@@ -8,6 +8,7 @@ exact kubectl commands (and, for `synth`, the manifests) without touching a clus
     nvrx-eks status --profile p5
     nvrx-eks logs --profile p5 --rank 0 --follow
     nvrx-eks results --profile p5 --run-id <id>
+    nvrx-eks export --profile p5 --run-id <id> --format hf   # to Hugging Face, on FSx
     nvrx-eks stop --profile p5 --run-id <id>
     nvrx-eks lost-node --profile p5 --node <node> # force-delete the pods of a dead node
     nvrx-eks plan --profile p5 --nodes 16       # checkpoint sizes, write times, host memory
@@ -27,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config import Profile, ProfileError
+from config.contract import EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FORMATS, export_name
 from config.training import settings_lines
 from k8s import naming, outputs, synth
 from k8s.charts.results import CONTAINER as RESULTS_CONTAINER
 from k8s.cli import add_deployment_args, add_image_tag_arg, profile_from_args
-from k8s.deployment import Deployment, check_outputs_match, resolve
+from k8s.deployment import Deployment, ExportRequest, check_outputs_match, resolve
 from k8s.errors import SynthError
 from k8s.image import trainer_image
 from k8s.outputs import StackOutputs, default_outputs_path, load_outputs
@@ -84,12 +86,13 @@ class Session:
     def outdir(self) -> Path:
         return self.args.outdir or Path("dist") / self.profile.name
 
-    def deployment(self, run_id: str | None = None) -> Deployment:
+    def deployment(self, run_id: str | None = None, export: ExportRequest = ExportRequest()) -> Deployment:
         return resolve(
             self.profile,
             self.outputs,
             mode=getattr(self.args, "mode", None),
             run_id=run_id or getattr(self.args, "run_id", None),
+            export=export,
         )
 
     def synthesize(self, dep: Deployment, parts: Sequence[str]) -> dict[str, Path]:
@@ -262,6 +265,30 @@ def cmd_results(s: Session) -> int:
     return 0
 
 
+def cmd_export(s: Session) -> int:
+    """Run the export Job (replacing a finished one of the same run and format): the run's
+    newest committed checkpoint, or --step, out of the shard format into its export/ directory."""
+    request = ExportRequest(s.args.format, s.args.dtype, s.args.step, s.args.optimizer)
+    dep = s.deployment(run_id=s.run_id_or_latest(), export=request)
+    job = naming.export_job_name(dep.run_id, request.format)
+    files = s.synthesize(dep, (synth.NAMESPACE, synth.COMMON, synth.EXPORT))
+    if not dep.namespace_owned_by_stack:
+        s.kubectl.run("apply", "--filename", str(files[synth.NAMESPACE]))
+    s.kubectl.run("delete", "job", job, "--ignore-not-found", "--wait=true")
+    s.kubectl.run("apply", "--filename", str(files[synth.COMMON]), "--filename", str(files[synth.EXPORT]))
+    if request.step is None:
+        which, step = "the newest committed checkpoint", "<N>"
+    else:
+        which, step = f"step {request.step}", request.step
+    target = f"{dep.export_root}/{export_name(request.format, step, request.dtype)}"
+    s.kubectl.show(f"# export of {dep.run_id}: {which} as {request.format} {request.dtype}, into {target}")
+    if s.args.wait:
+        wait_for_job(s.kubectl, job, seconds(s.args.timeout))
+    else:
+        s.kubectl.show(f"# follow it: {shlex.join(s.kubectl.argv('logs', '--follow', f'job/{job}'))}")
+    return 0
+
+
 def cmd_stop(s: Session) -> int:
     """Delete the run's Job (or JobSet) with foreground cascade, so its pods go first, then its
     Service, ConfigMap and NetworkPolicy; FSx data stays."""
@@ -350,6 +377,7 @@ COMMANDS: dict[str, Callable[[Session], int]] = {
     "status": cmd_status,
     "logs": cmd_logs,
     "results": cmd_results,
+    "export": cmd_export,
     "stop": cmd_stop,
     "lost-node": cmd_lost_node,
     "plan": cmd_plan,
@@ -372,7 +400,7 @@ def _common(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--outputs", help="CDK outputs file (default: ./cdk-outputs.json when it exists)")
         if name not in ("cleanup", "image", "lost-node", "plan"):
             parser.add_argument("--run-id", help="the run (default: the newest one)")
-        if name == "image":
+        if name in ("image", "export"):
             add_image_tag_arg(parser)
     parser.add_argument("--outdir", type=Path, help="manifest directory (default: dist/<profile>)")
     parser.add_argument("--context", help="kube context (default: the current one)")
@@ -390,6 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status": "jobs and pods of one run (default: all runs)",
         "logs": "logs of one node rank's newest pod",
         "results": "copy results.json, events.jsonl and the report off FSx",
+        "export": "export a run's checkpoint as a Hugging Face directory or a PyTorch DCP, on FSx",
         "stop": "delete one run's Job and its pods; FSx data stays",
         "lost-node": "force-delete our pods on a node that is gone, so their Jobs replace them",
         "plan": "checkpoint bytes, FSx write time and host memory for the profile's model",
@@ -398,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in helps.items():
         cmd = sub.add_parser(name, help=text, description=text)
         _common(cmd, name)
-        if name == "prepare-data":
+        if name in ("prepare-data", "export"):
             cmd.add_argument("--wait", action="store_true", help="wait for the Job to complete")
             cmd.add_argument("--timeout", default="2h", help="how long --wait waits")
         if name == "logs":
@@ -406,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--follow", "-f", action="store_true")
         if name == "results":
             cmd.add_argument("--dest", type=Path, help="local directory (default: runs/<run-id>)")
+        if name == "export":
+            cmd.add_argument("--format", required=True, choices=EXPORT_FORMATS,
+                             help="hf: safetensors, config and tokenizer; dcp: torch.distributed.checkpoint")
+            cmd.add_argument("--step", type=int, help="the checkpoint (default: the newest committed one)")
+            cmd.add_argument("--dtype", choices=tuple(EXPORT_DTYPES), default=EXPORT_DTYPE_DEFAULT,
+                             help=f"of the weights (default {EXPORT_DTYPE_DEFAULT}: as trained)")
+            cmd.add_argument("--optimizer", action="store_true", help="dcp: Adam's state too")
         if name == "lost-node":
             cmd.add_argument("--node", required=True, help="the node's name (kubectl get nodes)")
         if name == "plan":

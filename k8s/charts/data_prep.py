@@ -16,7 +16,7 @@ from constructs import Construct
 from k8s import checkov, commands, image, naming, network_policy, pod
 from k8s.charts.base import meta
 from k8s.deployment import HF_TOKEN_MOUNT, SCRATCH_MOUNT, Deployment
-from k8s.environment import data_prep_env
+from k8s.environment import hub_job_env
 
 BACKOFF_LIMIT = 3  # network hiccups while streaming C4; more would hide a real error
 CPU = "2"
@@ -41,7 +41,7 @@ class DataPrepChart(Chart):
             image_pull_policy=dep.image.pull_policy,
             command=command,
             args=args,
-            env=data_prep_env(),
+            env=hub_job_env(),
             resources=pod.bounded_resources(cpu=CPU, memory=MEMORY, cpu_limit=CPU),
             security_context=pod.container_security(pod.APP_UID),
             volume_mounts=[

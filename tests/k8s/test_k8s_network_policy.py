@@ -47,3 +47,12 @@ def test_results_pod_is_isolated_both_ways(synthesis) -> None:
     assert policy["metadata"]["name"] == synthesis.one("Pod", "results")["metadata"]["name"]
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert "ingress" not in policy["spec"] and "egress" not in policy["spec"]
+
+
+def test_export_receives_nothing_and_sends_only_dns_and_https(synthesis) -> None:
+    job = synthesis.one("Job", "export")
+    (policy,) = [d for d in synthesis.docs() if d["kind"] == "NetworkPolicy"
+                 and d["metadata"]["name"] == job["metadata"]["name"]]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in policy["spec"]

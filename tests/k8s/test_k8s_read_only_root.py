@@ -37,7 +37,7 @@ def test_every_container_has_a_read_only_root(synthesis) -> None:
 
 def test_python_containers_write_home_and_temp_files_to_the_scratch_volume(synthesis) -> None:
     python = [c for c in containers(synthesis) if c["command"][0] == "python"]
-    assert {c["name"] for c in python} == {"trainer", "data-prep"}
+    assert {c["name"] for c in python} == {"trainer", "data-prep", "export"}
     for container in python:
         env = {e["name"]: e.get("value") for e in container["env"]}
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}

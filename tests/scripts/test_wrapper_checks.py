@@ -17,10 +17,11 @@ from scripts.nvrx_eks import main
 BAD_RUN_IDS = ("../x", "x --all", "x,nvrx-eks/run-id=y", "X", "-x", "a b")
 
 
-@pytest.mark.parametrize("command", ["stop", "status", "logs", "results"])
+@pytest.mark.parametrize("command", ["stop", "status", "logs", "results", "export"])
 @pytest.mark.parametrize("run_id", BAD_RUN_IDS)
 def test_run_ids_are_checked_before_kubectl(command, run_id, fake_kubectl, outputs: Path, capsys) -> None:
-    code = main([command, "--profile", "p5", "--outputs", str(outputs), f"--run-id={run_id}"])
+    extra = ["--format", "hf"] if command == "export" else []
+    code = main([command, "--profile", "p5", "--outputs", str(outputs), f"--run-id={run_id}", *extra])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("nvrx-eks: error: run id ") and err.count("\n") == 1
@@ -31,7 +32,8 @@ def test_dry_run_writes_no_file(outputs: Path, tmp_path: Path, monkeypatch, caps
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    for argv in (["submit", "--run-id", "r1"], ["prepare-data"], ["results", "--run-id", "r1"]):
+    for argv in (["submit", "--run-id", "r1"], ["prepare-data"], ["results", "--run-id", "r1"],
+                 ["export", "--run-id", "r1", "--format", "dcp"]):
         assert main([*argv, "--profile", "p5", "--outputs", str(outputs), "--dry-run"]) == 0
     assert list(work.iterdir()) == []
 

@@ -137,5 +137,5 @@ def test_shim_runs_from_anywhere(tmp_path: Path) -> None:
         [str(REPO / "scripts/nvrx-eks"), "--help"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
-    for command in ("synth", "submit", "prepare-data", "status", "logs", "results", "stop", "cleanup"):
+    for command in ("synth", "submit", "prepare-data", "status", "logs", "results", "export", "stop", "cleanup"):
         assert command in proc.stdout

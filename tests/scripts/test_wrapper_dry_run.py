@@ -127,6 +127,38 @@ def test_results(run, tmp_path: Path) -> None:
     assert not (tmp_path / "dist").exists()  # and writes no manifest
 
 
+def test_export(run, tmp_path: Path) -> None:
+    code, out, _ = run("export", "--run-id", "r1", "--format", "hf")
+    assert code == 0
+    assert out == [
+        f"{NS} delete job export-hf-r1 --ignore-not-found --wait=true",
+        f"{NS} apply --filename dist/p5/10-common.yaml --filename dist/p5/50-export-r1.yaml",
+        "# export of r1: the newest committed checkpoint as hf fp32, into /fsx/runs/r1/export/hf-step<N>",
+        f"# follow it: {NS} logs --follow job/export-hf-r1",
+    ]
+    code, out, _ = run("export", "--run-id", "r1", "--format", "dcp", "--step", "500", "--dtype", "bf16",
+                       "--optimizer", "--wait", "--timeout", "30m")
+    assert code == 0
+    assert out[0] == f"{NS} delete job export-dcp-r1 --ignore-not-found --wait=true"
+    assert out[2] == "# export of r1: step 500 as dcp bf16, into /fsx/runs/r1/export/dcp-bf16-step500"
+    assert out[3:] == [
+        "# until Complete or Failed, every 10 s for at most 1800 s:",
+        f"{NS} get job export-dcp-r1 --output "
+        """'jsonpath={range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}'""",
+    ]
+    assert not (tmp_path / "dist").exists()
+
+
+def test_export_refuses_bad_choices_in_one_line(run) -> None:
+    for argv, message in ((("--format", "hf", "--optimizer"), "--optimizer applies to --format dcp, not hf"),
+                          (("--format", "hf", "--step", "-1"), "--step -1 must be a step number")):
+        code, out, err = run("export", "--run-id", "r1", *argv)
+        assert code == 2 and out == [] and len(err.strip().splitlines()) == 1 and message in err
+    with pytest.raises(SystemExit) as exit_:
+        run("export", "--run-id", "r1", "--format", "gguf")
+    assert exit_.value.code == 2
+
+
 def test_stop(run) -> None:
     code, out, _ = run("stop", "--run-id", "r1")
     assert code == 0

@@ -327,7 +327,7 @@ class ShardFile:
             if data is None:
                 data = os.pread(self._fd, self.chunk_bytes, i * self.chunk_bytes)
                 if i >= len(self._digests) or _digest(data) != self._digests[i]:
-                    raise CheckpointError(f"{self.path}: the sha256 of chunk {i} does not match its marker")
+                    raise CheckpointError(f"{self.path}: sha256 of chunk {i} does not match its marker")
                 self._cache = {i: data}  # requests come in file order: one chunk is enough
             start = i * self.chunk_bytes
             out += data[max(lo - start, 0):min(hi - start, len(data))]

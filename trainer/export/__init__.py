@@ -1,0 +1,1 @@
+"""Export: a trained model out of the per-rank shard format (`python -m trainer.export`)."""
