@@ -225,7 +225,7 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                         "in one call with snapshots alone (section 6)")
     g = p.add_argument_group("outputs")
     g.add_argument("--results_path", default=d.results_path,
-                   help="results.json; events.jsonl is written beside it")
+                   help="results.json; the event log (events/) is written beside it")
     g.add_argument("--log_interval", type=int, default=d.log_interval)
     g.add_argument("--trace_samples", type=_bool, default=d.trace_samples, metavar="true|false",
                    help="log the sample indices of every step (for verification)")

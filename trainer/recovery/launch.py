@@ -24,12 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from config.contract import (DEFAULT_MASTER_PORT, FINAL_ERROR_ENV, INPROCESS_PORT_ENV,
-                             RecoveryMode, process_env, wrapper_store_port)
+from config.contract import (DEFAULT_MASTER_PORT, EVENTS_DIR_ENV, FINAL_ERROR_ENV,
+                             INPROCESS_PORT_ENV, LAUNCHER_ID_ENV, NODE_RANK_ENV, RecoveryMode,
+                             process_env, wrapper_store_port)
 from trainer.config import MODES
 
 
@@ -90,6 +92,14 @@ def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
     env = dict(os.environ if base is None else base)
     env[INPROCESS_PORT_ENV] = str(wrapper_store_port(spec.master_port))
     env["GROUP_RANK"] = str(spec.node_rank)  # NVRx's infrastructure group rank
+    # The event log: this node's file (torchelastic renumbers GROUP_RANK at each rendezvous),
+    # and which start of the launcher the workers belong to (a new one means a job restart).
+    env[NODE_RANK_ENV] = str(spec.node_rank)
+    env[LAUNCHER_ID_ENV] = uuid.uuid4().hex[:12]
+    if cfg.output_dir is not None:
+        from trainer.accounting.events import events_dir
+
+        env[EVENTS_DIR_ENV] = str(events_dir(cfg.output_dir))
     # The NCCL watchdog's bound follows the NCCL collective timeout, whatever this run's device.
     for name, value in process_env(spec.mode, cfg.collective_timeout("cuda"),
                                    cfg.hard_timeout).items():
