@@ -172,7 +172,8 @@ def supervise(cmd: list[str], env: dict) -> int:
     torchrun and ft_launcher turn any worker failure into their own exit code 1 (ft_launcher
     first restarts the workers, which would fail the same way). A rank that meets such an error
     writes it to FINAL_ERROR_ENV's file; this process then stops the launcher and exits 2,
-    which the local runner and the Job's pod failure policy never retry.
+    which the local runner and the Job's pod failure policy never retry. Any other failed exit
+    is recorded in the node's event log: the Job restarts the pod for it.
     """
     final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
     become_subreaper()
@@ -186,6 +187,10 @@ def supervise(cmd: list[str], env: dict) -> int:
         signal.signal(sig, forward)
     while not reap_orphans(proc) and not final.exists():
         time.sleep(0.2)
+    if proc.returncode not in (0, 2, None) and not final.exists():
+        from trainer.recovery.launcher_events import record_launcher_exit
+
+        record_launcher_exit(env, proc.returncode)
     if final.exists():
         if proc.poll() is None:
             forward(signal.SIGTERM, None)

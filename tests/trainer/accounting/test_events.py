@@ -70,7 +70,8 @@ def test_a_new_writer_never_glues_its_event_onto_a_torn_line(tmp_path):
     assert stats.unreadable == 3
     assert [e["event"] for e in events].count("launch") == 4
     r = summarize(events, max_steps=4, checkpoint_interval=0)
-    assert r["restarts"] == 3
+    assert r["restarts"] == 3 and len(r["faults"]) == 3
+    assert {f["detection"] for f in r["faults"]} == {"job_restart"}
 
 
 def test_a_short_write_starts_the_next_event_on_a_new_line(tmp_path):
