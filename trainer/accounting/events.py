@@ -55,7 +55,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 from config.contract import EVENTS_DIR_ENV, LAUNCHER_ID_ENV, NODE_RANK_ENV
 
 DIRNAME = "events"  # beside results.json
-MERGED_NAME = "events.jsonl"  # what `merge` writes beside the directory, and older runs left
+MERGED_NAME = "events.jsonl"  # one file for the whole log: what `merge` writes beside the directory
 JOB_LOG = "job.jsonl"
 REORDER_SECONDS = 5.0  # how far out of time order one file's lines may be
 MAX_LINE_BYTES = 1 << 20  # a longer line is damage, not an event
@@ -210,7 +210,7 @@ def log_files(where: str | Path) -> list[Path]:
 
 def log_beside(results_path: str | Path) -> Path:
     """The log of the run whose results.json is `results_path`: its events directory, else a
-    merged events.jsonl in its place (a copied or older run)."""
+    merged events.jsonl in its place."""
     d = Path(results_path).resolve().parent
     return d / DIRNAME if (d / DIRNAME).is_dir() else d / MERGED_NAME
 

@@ -317,6 +317,8 @@ class _Failures:
             return None
         if now[0] is not None and before[0] is not None:
             return "launcher" if now[0] == before[0] else "job"
+        # A launcher not started by trainer.recovery.launch names no start: its restart count
+        # grows with each worker-group restart and begins at 0 again in a new job.
         return "launcher" if now[1] > before[1] else "job"
 
     def _close(self, first_step: Optional[dict]) -> None:

@@ -295,13 +295,15 @@ def watch_heartbeat_timeouts(report: Callable[[int, int], None]) -> None:
     handle = getattr(RankMonitorServer, "_handle_timeout", None)
     if handle is None or getattr(handle, "reports_timeouts", False):
         return
+    reported: set[int] = set()  # the monitor checks again until the kill has taken effect
 
     @functools.wraps(handle)
     async def report_then_handle(self):
         info = self.rank_info
-        if info is not None:
+        if info is not None and info.pid not in reported:
+            reported.add(info.pid)
             with contextlib.suppress(Exception):  # the record must never stop the kill
-                report(info.global_rank, info.pid)
+                report(int(info.global_rank), info.pid)  # NVRx keeps the rank as a string
         await handle(self)
 
     report_then_handle.reports_timeouts = True

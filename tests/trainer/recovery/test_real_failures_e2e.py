@@ -50,7 +50,8 @@ def test_a_frozen_rank_is_one_counted_failure(cache_dir, reference, tmp_path, re
     res = results(run_dir, signalled=True)
     assert res["param_sha256"] == ref["param_sha256"]
     (f,) = res["faults"]
-    assert f["injected"] == [] and f["type"] is None and f["rank"] == 1
+    assert f["injected"] == [] and f["type"] is None and 1 in f["failed_ranks"]
+    # the peer, blocked in the collective, stops its progress stamps at the same step
     assert (f["detected_by"], f["detection"]) == ("inprocess", "soft_timeout")
     assert f["t_source"] in ("last_step", "last_event_of_rank")
     assert 0 < f["detected_seconds"] < f["recovery_seconds"]
@@ -79,4 +80,23 @@ def test_a_killed_rank_is_one_counted_failure(cache_dir, reference, tmp_path):
     assert f["restarts"] == ["launcher"] and res["restarts"] == 1
     assert f["restored_from"] == "node" and 0 <= f["steps_lost"] <= 2 * INTERVAL
     assert 0 < f["detected_seconds"] < f["recovery_seconds"]
+    assert 0 < res["training_goodput_pct"] <= res["infra_goodput_pct"] < 100
+
+
+def test_a_silent_rank_is_found_by_its_heartbeat(cache_dir, reference, tmp_path):
+    """SIGSTOP under ft_launcher, the peer's collective outlasting the heartbeat timeout: the
+    rank monitors (processes the launcher forks) find the silence and kill the ranks. The peer,
+    blocked in the collective, stops heartbeating at the same step: both are named."""
+    ref = reference()
+    run_dir = tmp_path / "run"
+    job = _job(cache_dir, "ft_launcher", run_dir, "--nccl_timeout", "30")
+    os.kill(_rank1_after_step(run_dir, 4), signal.SIGSTOP)
+    _finished(job, run_dir)
+    res = results(run_dir, signalled=True)
+    assert res["param_sha256"] == ref["param_sha256"]
+    (f,) = res["faults"]
+    assert f["detected_by"] == "launcher" and 1 in f["failed_ranks"]
+    assert (f["detection"], f["signal"]) == ("heartbeat_timeout", "SIGKILL")
+    assert [e["how"] for e in f["evidence"]] == ["heartbeat_timeout", "process_death"]
+    assert f["restarts"] == ["launcher"] and res["restarts"] == 1
     assert 0 < res["training_goodput_pct"] <= res["infra_goodput_pct"] < 100
