@@ -32,6 +32,7 @@ from typing import Optional
 from config.contract import RecoveryMode
 from devtools.local import EVERY_STEP_TIERS, mode_flags, tier_flags
 from config.training import choices
+from trainer.accounting.events import events_dir, log_files, read_events, write_jsonl
 
 ACTIVATION_CHECKPOINTING = choices("activation_checkpointing")
 SNAPSHOT_STAGING = choices("snapshot_staging")
@@ -137,9 +138,10 @@ def _train(name: str, out: Path, mode: str, nproc: int, args: list[str],
     res = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists() else {}
     res.update({"name": name, "exit_code": code, "runner_seconds": time.time() - t0,
                 "command": " ".join(cmd[1:])})
-    if (run_dir / "events.jsonl").exists():
-        shutil.copy(run_dir / "events.jsonl", LOGS / f"{name}.events.jsonl")
-        res["steady_step_seconds"] = steady_step_seconds(run_dir / "events.jsonl")
+    if log_files(events_dir(run_dir)):
+        merged = LOGS / f"{name}.events.jsonl"
+        write_jsonl(read_events(events_dir(run_dir)), merged)
+        res["steady_step_seconds"] = steady_step_seconds(merged)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     print(f"{name}: exit {code}, {res.get('training_efficiency_pct')} % efficiency, "
           f"{res.get('training_goodput_pct')} % goodput, {time.time() - t0:.0f} s", flush=True)
@@ -186,9 +188,8 @@ def steady_step_seconds(events: Path) -> Optional[float]:
     beside a background copy, a host that falls behind), and the warm-up, whose length varies
     from run to run by more than a checkpoint costs, does not. None for a run that restarted."""
     done = {}
-    for line in events.read_text().splitlines():
-        e = json.loads(line)
-        if e.get("event") == "step" and e.get("rank") == 0 and e.get("done"):
+    for e in read_events(events):
+        if e["event"] == "step" and e["rank"] == 0 and e.get("done"):
             if e["step"] in done:
                 return None
             done[e["step"]] = e["done"]

@@ -18,7 +18,7 @@ print("cpus", os.cpu_count(), "disk free GB", shutil.disk_usage(".").free / 1e9,
 PY
 M=${MODEL:-llama-1b}
 COMMON=(--model "$M" --seq_len 2048 --batch_size 1 --device cuda --log_interval 10)
-run() { local name=$1; shift; echo "=== $name"; timeout 300 python3 -m devtools.local --run_dir "runs/$name" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?"; cp "runs/$name/results.json" "$OUT/$name.json" 2>/dev/null; cp "runs/$name/events.jsonl" "$OUT/$name.events.jsonl" 2>/dev/null; tail -3 "$OUT/$name.log"; }
+run() { local name=$1; shift; echo "=== $name"; timeout 300 python3 -m devtools.local --run_dir "runs/$name" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?"; cp "runs/$name/results.json" "$OUT/$name.json" 2>/dev/null; python3 -m trainer.accounting.events merge "runs/$name/events" --out "$OUT/$name.events.jsonl" >/dev/null 2>&1; tail -3 "$OUT/$name.log"; }
 run async --mode baseline -- "${COMMON[@]}" --max_steps 40 --checkpoint_interval 20 --use_async_checkpoint true
 run inprocess --mode inprocess -- "${COMMON[@]}" --max_steps 60 --checkpoint_interval 20 --fault_count 2 --fault_seed 3 --fault_after_step 25 --fault_types exception,hang --soft_timeout 10 --hard_timeout 30 --nccl_timeout 20
 run ft --mode ft_launcher --heartbeat_timeout 20 -- "${COMMON[@]}" --max_steps 50 --checkpoint_interval 20 --fault_count 1 --fault_seed 3 --fault_after_step 25 --fault_types sigkill

@@ -162,6 +162,12 @@ DEFAULT_MASTER_PORT = 29500
 PORTS_PER_JOB = 3
 INPROCESS_PORT_ENV = "NVRX_EKS_INPROCESS_PORT"  # the Wrapper's store port, set by the launcher
 FINAL_ERROR_ENV = "NVRX_EKS_FINAL_ERROR_FILE"  # where a rank records an error no restart fixes
+# The event log (trainer.accounting.events): the node whose file a process appends to (the
+# launcher's --node_rank, stable across restarts), the run's events directory (for the launcher
+# itself), and which start of the launcher its workers belong to (a new one: a job restart).
+NODE_RANK_ENV = "NVRX_EKS_NODE_RANK"
+EVENTS_DIR_ENV = "NVRX_EKS_EVENTS_DIR"
+LAUNCHER_ID_ENV = "NVRX_EKS_LAUNCHER_ID"
 
 
 def wrapper_store_port(master_port: int) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from config.contract import FINAL_ERROR_ENV, PORTS_PER_JOB, RecoveryMode
-from trainer.accounting.events import EventLog
+from trainer.accounting.events import events_dir, job_log
 from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
@@ -161,7 +161,8 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
     """Run the job; restart all of it after a failure, as a Kubernetes Job would."""
-    events = EventLog(Path(_flag(trainer_args, "--results_path")).parent / "events.jsonl", rank=-1)
+    output_dir = Path(_flag(trainer_args, "--results_path")).resolve().parent
+    events, log_dir = job_log(output_dir), events_dir(output_dir)
     os.environ.setdefault(RUN_ID_ENV, f"local-{uuid.uuid4().hex[:12]}")  # one run, all restarts
     started = time.time()
     backoff = args.backoff_seconds
@@ -199,7 +200,7 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
         events.emit("worker_failed", attempt=attempt, exit_code=failed.returncode)
         _stop(procs)
         if failed.returncode == 2:  # a setting no restart can fix
-            print(f"devtools.local: error: mode {args.mode} stopped: {_cause(events.path)}",
+            print(f"devtools.local: error: mode {args.mode} stopped: {_cause(log_dir)}",
                   file=sys.stderr)
             return 2
         if attempt == args.job_restarts:
@@ -210,16 +211,15 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
         backoff = min(30.0, backoff * 2)
     print(f"devtools.local: error: mode {args.mode} could not recover (a launcher exited with "
           f"{failed.returncode}; {args.job_restarts} whole-job restarts allowed): "
-          f"{_cause(events.path)}", file=sys.stderr)
+          f"{_cause(log_dir)}", file=sys.stderr)
     return 1
 
 
-def _cause(events_file: Optional[Path]) -> str:
+def _cause(log_dir: Path) -> str:
     """The error that ended the job, from the event log: the fatal ones first, else the last."""
     from trainer.accounting.events import read_events
 
-    errors = [e for e in read_events(events_file) if e["event"] == "error"] \
-        if events_file is not None and events_file.exists() else []
+    errors = [e for e in read_events(log_dir) if e["event"] == "error"]
     chosen = [e for e in errors if e.get("fatal")] or errors[-1:]
     seen: list[str] = []
     for e in chosen:

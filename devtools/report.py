@@ -5,8 +5,9 @@
 Prints one row per results.json: the post's columns (mode, training and infra goodput, seconds
 per fault) and the ones that explain them (faults, steps lost, checkpoint blocking, training
 efficiency, wall time). With --out it also writes DIR/report.md (the same table) and
-DIR/timeline.png (steps over wall time, faults and recoveries marked), drawn from the
-events.jsonl that the trainer writes beside each results.json.
+DIR/timeline.png (steps over wall time, failures and recoveries marked), drawn from the event
+log that the trainer writes beside each results.json (its events/ directory, or a merged
+events.jsonl) and the results' faults[].
 """
 
 from __future__ import annotations
@@ -119,12 +120,18 @@ def render_markdown(rows: Sequence[dict]) -> str:
 
 # ---- the timeline ------------------------------------------------------------------------------
 
-def events_beside(results_path: str | Path) -> list[dict]:
-    """The run's event log: events.jsonl in the results file's directory (trainer.cli.events_path)."""
-    from trainer.accounting.events import read_events
+# What the timeline reads of a log: rank 0's steps and attempts, and the first launch.
+TIMELINE_EVENTS = ("launch", "train_start", "step")
 
-    path = Path(results_path).resolve().parent / "events.jsonl"
-    events = read_events(path)
+
+def events_beside(results_path: str | Path) -> list[dict]:
+    """The events the timeline draws, from the log beside a results.json (one pass; the rest
+    of the log is not kept)."""
+    from trainer.accounting.events import log_beside, read_events
+
+    path = log_beside(results_path)
+    events = [e for e in read_events(path) if e["event"] in TIMELINE_EVENTS
+              and (e["event"] == "launch" or e["rank"] == 0)]
     if not events:
         raise ReportError(f"{path}: no events (the timeline is drawn from the event log beside "
                           "each results.json)")
@@ -135,18 +142,18 @@ def events_beside(results_path: str | Path) -> list[dict]:
 class Timeline:
     """What one run's panel shows, in seconds since the first process started."""
     segments: list[tuple[list[float], list[int]]] = field(default_factory=list)  # per attempt
-    faults: list[tuple[float, int, str]] = field(default_factory=list)  # (t, step, type)
-    recoveries: list[tuple[float, float]] = field(default_factory=list)  # (fault, first step)
+    faults: list[tuple[float, int, str]] = field(default_factory=list)  # (t, step, what)
+    recoveries: list[tuple[float, float]] = field(default_factory=list)  # (failure, first step)
 
 
-def timeline(events: Sequence[dict]) -> Timeline:
+def timeline(events: Sequence[dict], faults: Sequence[dict] = ()) -> Timeline:
     """Steps per attempt (a new line at each rank-0 train_start, so a rollback shows as a drop),
-    faults, and recoveries timed as in trainer.accounting.goodput: fault -> first step after the restart."""
+    and the failures of results.json's faults[] with their recoveries, as goodput timed them:
+    failure -> first step completed after it."""
     if not events:
         raise ReportError("no events to draw")
-    events = sorted(events, key=lambda e: e["t"])
     launches = [e["t"] for e in events if e["event"] == "launch"]
-    t0 = min(launches) if launches else events[0]["t"]
+    t0 = min(launches) if launches else min(e["t"] for e in events)
     tl = Timeline()
     for e in events:
         if e["event"] == "train_start" and e["rank"] == 0:
@@ -156,18 +163,16 @@ def timeline(events: Sequence[dict]) -> Timeline:
                 tl.segments.append(([], []))
             tl.segments[-1][0].append(e["t"] - t0)
             tl.segments[-1][1].append(e["step"])
-    for f in (e for e in events if e["event"] == "fault"):
-        tl.faults.append((f["t"] - t0, f["step"], f["type"]))
-        start = next((e for e in events if e["event"] == "train_start" and e["t"] >= f["t"]), None)
-        done = next((e for e in events if e["event"] == "step" and e["rank"] == 0
-                     and e["t"] >= start["t"]), None) if start else None
-        if done:
-            tl.recoveries.append((f["t"] - t0, done["t"] - t0))
+    for f in faults:
+        tl.faults.append((f["t"] - t0, f["step"], f.get("type") or f.get("detection", "failure")))
+        if f.get("recovery_seconds") is not None:
+            tl.recoveries.append((f["t"] - t0, f["t"] - t0 + f["recovery_seconds"]))
     return tl
 
 
-def plot_timeline(runs: Sequence[tuple[str, Sequence[dict]]], path: str | Path) -> None:
-    """Draw (label, events) runs as panels stacked vertically on one time axis: overlaid in one
+def plot_timeline(runs: Sequence[tuple[str, Sequence[dict], Sequence[dict]]],
+                  path: str | Path) -> None:
+    """Draw (label, events, faults) runs as panels stacked vertically on one time axis: overlaid in one
     plot, 4-5 runs hide each other's fault marks and recovery shading; stacked, each stays
     readable and the runs still line up in time. Uses Agg directly, so no display is needed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -183,8 +188,8 @@ def plot_timeline(runs: Sequence[tuple[str, Sequence[dict]]], path: str | Path) 
     fig = Figure(figsize=(10, 1.2 + 1.9 * len(runs)))
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(runs), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
-    for i, (ax, (label, events)) in enumerate(zip(axes, runs)):
-        tl = timeline(events)
+    for i, (ax, (label, events, faults)) in enumerate(zip(axes, runs)):
+        tl = timeline(events, faults)
         color = colors[i % len(colors)]
         for ts, steps in tl.segments:
             ax.plot(ts, steps, color=color, lw=1.6)
@@ -225,7 +230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows = table_rows(results, labels)
         runs: list[tuple[str, Any]] = []
         if args.out:  # read every log before writing anything
-            runs = [(row["label"], events_beside(path)) for row, path in zip(rows, args.results)]
+            runs = [(row["label"], events_beside(path), r.get("faults") or [])
+                    for row, path, r in zip(rows, args.results, results)]
     except ReportError as exc:
         p.error(str(exc))
     print(render_text(rows), end="")

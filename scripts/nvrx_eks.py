@@ -49,7 +49,7 @@ WAIT_POLL_S = 10.0
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _DURATION = re.compile(r"(\d+)([smh])")
 # What a run leaves on FSx, copied by `results`; only results.json must exist.
-RESULT_FILES = (("results.json", True), ("events.jsonl", False), ("settings.json", False), ("report", False))
+RESULT_FILES = (("results.json", True), ("events", False), ("settings.json", False), ("report", False))
 POD_COLUMNS = ",".join(
     (
         "POD:.metadata.name",
@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare-data": "run the data-prep Job that writes C4 tokens to FSx",
         "status": "jobs and pods of one run (default: all runs)",
         "logs": "logs of one node rank's newest pod",
-        "results": "copy results.json, events.jsonl and the report off FSx",
+        "results": "copy results.json, the event log (events/) and the report off FSx",
         "export": "export a run's checkpoint as a Hugging Face directory or a PyTorch DCP, on FSx",
         "stop": "delete one run's Job and its pods; FSx data stays",
         "lost-node": "force-delete our pods on a node that is gone, so their Jobs replace them",

@@ -85,28 +85,25 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 120.0, what: str = 
 
 
 def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    """The run's event log, every node's file merged in time order."""
+    from trainer.accounting.events import events_dir, read_events
+
+    return list(read_events(events_dir(run_dir)))
 
 
-def results(run_dir: Path) -> dict:
-    """results.json; checks the suite's invariant that a fault-free run never restarts."""
+def results(run_dir: Path, signalled: bool = False) -> dict:
+    """results.json; checks the suite's invariant that a fault-free run (no fault injected, no
+    process stopped or killed by the test: `signalled`) has neither a failure nor a restart."""
     res = json.loads((run_dir / "results.json").read_text())
     cfg = res["config"]
-    started = [e for e in events(run_dir) if e["event"] == "launch" and e["rank"] == 0
+    ev = events(run_dir)
+    started = [e for e in ev if e["event"] == "launch" and e["rank"] == 0
                and e.get("launcher_restart", 0) == 0]
-    point_faults = [e for e in events(run_dir) if e["event"] == "fault"]
+    point_faults = [e for e in ev if e["event"] == "fault"]
     if cfg["fault_count"] == 0 and not cfg["fault_probability"] and len(started) == 1 \
-            and not point_faults:
+            and not point_faults and not signalled:
         assert res["restarts"] == 0, f"a fault-free run restarted {res['restarts']} times"
+        assert res["faults"] == [], f"a fault-free run failed: {res['faults']}"
     return res
 
 

@@ -14,18 +14,25 @@ from trainer.recovery.forkserver import forked_worker
 from trainer.recovery.launch import record_final_error
 
 
-def events_path(cfg: TrainConfig) -> Optional[Path]:
-    return cfg.output_dir / "events.jsonl" if cfg.output_dir else None
-
-
-def write_results(cfg: TrainConfig, summary: dict, events_file: Optional[Path]) -> dict:
-    from trainer.accounting.events import read_events
+def write_results(cfg: TrainConfig, summary: dict) -> dict:
+    """results.json (rank 0, once training has ended): the figures of the event log, merged
+    from every node's file, and this rank's summary. A damaged log costs its unreadable lines
+    (counted in `event_log`), never the results."""
+    from trainer.accounting.events import LogStats, events_dir, read_events
     from trainer.accounting.goodput import summarize
     from trainer.atomic import write_json_atomic
 
-    results = {"mode": cfg.mode}
-    if events_file is not None:
-        results.update(summarize(read_events(events_file), cfg.max_steps, cfg.checkpoint_interval))
+    results: dict = {"mode": cfg.mode}
+    if cfg.output_dir is not None:
+        stats = LogStats()
+        try:
+            results.update(summarize(read_events(events_dir(cfg.output_dir), stats),
+                                     cfg.max_steps, cfg.checkpoint_interval))
+        except ValueError as exc:  # nothing readable at all
+            print(f"rank 0: warning: no figures from the event log: {exc}", file=sys.stderr)
+        results["event_log"] = stats.to_dict()
+        if stats.warning():
+            print(f"rank 0: warning: {stats.warning()}", file=sys.stderr, flush=True)
     results.update({k: v for k, v in summary.items() if k != "checkpoint"})
     results["config"] = cfg.to_dict()
     if cfg.results_path:
@@ -71,14 +78,14 @@ def _leave_with_failed_peers(hooks, rank: int, events) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args(argv)
-    from trainer.accounting.events import EventLog
+    from config.contract import LAUNCHER_ID_ENV
+    from trainer.accounting.events import process_log
 
-    events_file = events_path(cfg)
+    events = process_log(cfg.output_dir)
     # Stamped before torch is imported: a restart's breakdown shows the import time too.
-    events = EventLog(events_file, int(os.environ.get("RANK", 0)))
     events.emit("launch", mode=cfg.mode, world_size=int(os.environ.get("WORLD_SIZE", 1)),
                 launcher_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                forked=forked_worker())
+                launcher=os.environ.get(LAUNCHER_ID_ENV), forked=forked_worker())
     import torch.distributed as dist
 
     from trainer.loop.distributed import dist_env
@@ -145,7 +152,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     if env.rank == 0:
-        results = write_results(cfg, summary, events_file)
+        results = write_results(cfg, summary)
         print(f"done: {results['steps_completed']} steps in {results.get('wall_seconds', 0):.1f} s, "
               f"param_sha256 {results['param_sha256'][:16]}")
     return 0

@@ -47,7 +47,8 @@ def test_steady_step_seconds_leaves_the_warm_up_out_and_refuses_a_restarted_run(
 
     def write(steps):
         path = tmp_path / "events.jsonl"
-        path.write_text("\n".join(json.dumps({"event": "step", "rank": r, "step": s, "done": d})
+        path.write_text("\n".join(json.dumps({"t": d + 0.01, "event": "step", "rank": r, "step": s,
+                                              "dt": 0.2, "done": d})
                                   for s, d in steps for r in (0, 1)) + "\n")
         return path
 

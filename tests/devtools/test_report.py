@@ -1,6 +1,7 @@
 """The report: table values, Markdown, the timeline PNG and bad input, on hand-made runs."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -33,10 +34,10 @@ def one_fault_events(t0=1000.0):
 
 
 def write_run(run_dir, mode="inprocess", events=None):
-    """A run directory as the trainer leaves it: events.jsonl and results.json side by side."""
+    """A run directory as the trainer leaves it: the events directory beside results.json."""
     events = one_fault_events() if events is None else events
-    run_dir.mkdir(parents=True)
-    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run_dir / "events").mkdir(parents=True)
+    (run_dir / "events" / "node-00000.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     results = {"mode": mode, **summarize(events, max_steps=10, checkpoint_interval=3)}
     (run_dir / "results.json").write_text(json.dumps(results))
     return run_dir / "results.json"
@@ -79,7 +80,8 @@ def test_markdown_table(tmp_path):
 
 
 def test_timeline_breaks_at_restarts_and_times_recovery():
-    tl = timeline(one_fault_events())
+    events = one_fault_events()
+    tl = timeline(events, summarize(events, max_steps=10, checkpoint_interval=3)["faults"])
     assert [steps for _, steps in tl.segments] == [[0, 1, 2, 3, 4, 5, 6], [3, 4, 5, 6, 7, 8, 9, 10]]
     assert tl.segments[0][0][0] == pytest.approx(2.0)  # seconds since the first launch
     assert tl.faults == [(pytest.approx(8.5), 7, "exception")]
@@ -129,7 +131,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, fragment):
         path.write_text('{"hello": 1}')
     elif case == "no_events":
         path = write_run(tmp_path / "run")
-        (tmp_path / "run" / "events.jsonl").unlink()
+        shutil.rmtree(tmp_path / "run" / "events")
         extra = ["--out", str(tmp_path / "out")]
     elif case == "labels":
         path = write_run(tmp_path / "run")

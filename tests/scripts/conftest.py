@@ -30,7 +30,7 @@ elif "get" in args and "job" in args and any(a.startswith("jsonpath=") for a in 
     print(os.environ.get("FAKE_JOB_CONDITIONS", "Complete "), end="")
 elif "get" in args and "pods" in args and any(a.startswith("jsonpath=") for a in args):
     print(os.environ.get("FAKE_POD", ""), end="")
-elif "cp" in args and any(a.endswith("/events.jsonl") for a in args):
+elif "cp" in args and any(a.endswith("/events") for a in args):
     sys.exit(1)
 """
 

@@ -1,2 +1,2 @@
-"""Accounting: the append-only event log every rank and restart writes, and the goodput computed
-from it."""
+"""Accounting: the event log every rank, launcher and restart writes (one file per node), and
+the goodput computed from it in one pass."""

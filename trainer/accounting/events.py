@@ -1,53 +1,368 @@
-"""An append-only JSONL event log shared by all ranks and all restarts of one run.
+"""The run's event log: one JSONL file per node, written by that node's processes only, and one
+reader that merges the files by time.
 
-Goodput is computed from this log alone, so every process incarnation appends to the same file:
-one line per event, written with a single O_APPEND write (atomic for short lines on POSIX file
-systems). A process that dies right after an event loses nothing: the line is in the kernel's
-page cache. There is no fsync: it guards only against the node's own crash, and with a checkpoint
-write filling the disk an fsync on the recovery path (fault, error, abort) can wait seconds.
+Layout, in the `events/` directory beside results.json:
+
+    events/node-00000.jsonl   node 0: its ranks (every restart), its launcher, its rank monitors
+    events/node-00001.jsonl   node 1, ...
+    events/job.jsonl          the job runner (`devtools.local`), where there is one
+
+Why one file per node, not one per run or per rank: on a shared file system (FSx for Lustre)
+appends from several clients to one file are serialized by the file's lock, which moves from
+client to client at every append; one writer node per file keeps that lock on its node, so
+appending costs one local write. One file per rank would be the same for the writers, but at
+16,384 GPUs it puts 16,384 files in one directory (one metadata server's load at create, list and
+open) and asks a reader to merge 16,384 streams; per node, the 8 ranks of a node share one file
+and the directory holds a file per node. A process writes only to its own node's file, whatever
+the world size (`process_log`).
+
+Writing: each event is one line, written with a single O_APPEND write() on a descriptor opened
+once per process (no open/close per event: two metadata calls each on Lustre). A short line is
+atomic on POSIX file systems; a process that dies right after an event loses nothing, the line
+is in the kernel's page cache. There is no fsync: it guards only against the node's own crash,
+and with a checkpoint write filling the disk an fsync on the recovery path can wait seconds. A
+line torn by a crash or a full disk is never glued to the next event: a writer that finds its
+file not ending in a newline (or whose own write came out short) starts its next line with one.
+
+Reading (`read_events`): every file is parsed line by line as bytes; a line that is not UTF-8,
+not JSON or not an event (a JSON object with a numeric `t`, a string `event` and an integer
+`rank`) is skipped and counted (`LogStats`), never fatal. Each file is put in time order through
+a small window (`REORDER_SECONDS`: processes of one node stamp and append in slightly different
+orders), and the files are merged with heapq.merge, so that a reader holds a window of events
+per file, never the whole log.
+
+    python -m trainer.accounting.events merge runs/<id>/events [--out events.jsonl]
+
+writes one merged log, in time order.
 """
 
 from __future__ import annotations
 
+import argparse
+import enum
+import heapq
+import itertools
 import json
+import math
 import os
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
+
+from config.contract import EVENTS_DIR_ENV, LAUNCHER_ID_ENV, NODE_RANK_ENV
+
+DIRNAME = "events"  # beside results.json
+MERGED_NAME = "events.jsonl"  # one file for the whole log: what `merge` writes beside the directory
+JOB_LOG = "job.jsonl"
+REORDER_SECONDS = 5.0  # how far out of time order one file's lines may be
+MAX_LINE_BYTES = 1 << 20  # a longer line is damage, not an event
+MERGE_FAN_IN = 256  # files merged at once; more are merged in passes (open-file limits)
+
+Opener = Callable[[str, int, int], int]  # os.open's signature: the writer's file-system seam
+
+
+class Detection(enum.StrEnum):
+    """How a failure was detected: the `how` of the recovery layers' detection events, and the
+    `detection` of results.json's faults[]."""
+
+    EXCEPTION = "exception"  # a rank raised
+    SOFT_TIMEOUT = "soft_timeout"  # the Wrapper: a rank made no progress within --soft_timeout
+    HARD_TIMEOUT = "hard_timeout"  # the Wrapper: none within --hard_timeout; it killed the rank
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"  # a rank's heartbeats stopped (launcher or Wrapper)
+    PROCESS_DEATH = "process_death"  # a process exited (exit code) or was killed (signal)
+    JOB_RESTART = "job_restart"  # the job started again, nothing seen before (a node lost, say)
+    MONITOR_ERROR = "monitor_error"  # the Wrapper's monitor process failed
+    UNKNOWN = "unknown"
+
+
+def events_dir(output_dir: str | Path) -> Path:
+    """The run's event directory, in the directory of results.json (`TrainConfig.output_dir`)."""
+    return Path(output_dir) / DIRNAME
+
+
+def node_log_name(node: int) -> str:
+    return f"node-{node:05d}.jsonl"
+
+
+def node_rank(environ: Mapping[str, str]) -> int:
+    """This process's node: the launcher's --node_rank (NODE_RANK_ENV, stable across restarts),
+    else torchelastic's GROUP_RANK (a launcher started by hand), else 0 (a single process)."""
+    for name in (NODE_RANK_ENV, "GROUP_RANK"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return 0
 
 
 class EventLog:
-    def __init__(self, path: Optional[str | Path], rank: int):
+    """Appends events to one file; `path` None records nothing (tests, runs without output).
+
+    `fields` are added to every event (a launcher's `node`); `opener` is os.open, or a test's
+    seam to count what a process opens."""
+
+    def __init__(self, path: Optional[str | Path], rank: int, fields: Optional[dict] = None,
+                 opener: Opener = os.open):
         self.path = Path(path) if path else None
         self.rank = rank
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fields = dict(fields or {})
+        self._opener = opener
+        self._fd: Optional[int] = None
+        self._pid = -1
+        self._newline_first = False  # the file ends in a torn line: start the next on a new one
+        self._warned = False
 
     def emit(self, event: str, **fields: Any) -> dict:
-        rec = {"t": time.time(), "event": event, "rank": self.rank, "pid": os.getpid(), **fields}
-        if self.path is None:
-            return rec
-        line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        rec = {"t": time.time(), "event": event, "rank": self.rank, "pid": os.getpid(),
+               **self.fields, **fields}
+        if self.path is not None:
+            self._append((json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode())
         return rec
 
+    def _append(self, line: bytes) -> None:
+        try:
+            fd = self._open()
+            data = b"\n" + line if self._newline_first else line
+            self._newline_first = os.write(fd, data) < len(data)
+        except OSError as exc:  # a full or failing disk: training goes on, events are lost
+            self._newline_first = True
+            if not self._warned:
+                self._warned = True
+                print(f"events: cannot write {self.path}: {exc}; events are being lost",
+                      file=sys.stderr, flush=True)
 
-def read_events(path: str | Path) -> list[dict]:
-    """All complete events; a torn last line (a crash mid-write) is ignored."""
-    return list(iter_events(path))
+    def _open(self) -> int:
+        """The descriptor, opened once per process (a forked child opens its own: it may outlive
+        or race its parent's)."""
+        if self._fd is None or self._pid != os.getpid():
+            assert self.path is not None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = self._opener(str(self.path), os.O_RDWR | os.O_APPEND | os.O_CREAT
+                                    | os.O_CLOEXEC, 0o644)
+            self._pid = os.getpid()
+            size = os.fstat(self._fd).st_size
+            self._newline_first = size > 0 and os.pread(self._fd, 1, size - 1) != b"\n"
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = None
 
 
-def iter_events(path: str | Path) -> Iterator[dict]:
-    p = Path(path)
-    if not p.is_file():
+def process_log(output_dir: Optional[str | Path], environ: Mapping[str, str] = os.environ,
+                opener: Opener = os.open) -> EventLog:
+    """A rank's log: its node's file, whatever the world size."""
+    rank = int(environ.get("RANK", 0))
+    if output_dir is None:
+        return EventLog(None, rank)
+    return EventLog(events_dir(output_dir) / node_log_name(node_rank(environ)), rank, opener=opener)
+
+
+def launcher_log(environ: Mapping[str, str] = os.environ) -> EventLog:
+    """A node's launcher's log (rank -1, its node and start named in every event): the node's
+    file in the directory the launcher was given (EVENTS_DIR_ENV), else nothing."""
+    directory = environ.get(EVENTS_DIR_ENV)
+    node = node_rank(environ)
+    return EventLog(Path(directory) / node_log_name(node) if directory else None, -1,
+                    fields={"node": node, "launcher": environ.get(LAUNCHER_ID_ENV)})
+
+
+def job_log(output_dir: str | Path) -> EventLog:
+    """The job runner's log (rank -1): it restarts the whole job, as a Kubernetes Job would."""
+    return EventLog(events_dir(output_dir) / JOB_LOG, -1)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+@dataclass
+class LogStats:
+    """What a read met: files, events, and lines skipped as unreadable (the first one named)."""
+    files: int = 0
+    events: int = 0
+    unreadable: int = 0
+    first_unreadable: Optional[str] = None
+
+    def skipped(self, where: str) -> None:
+        self.unreadable += 1
+        if self.first_unreadable is None:
+            self.first_unreadable = where
+
+    def warning(self) -> Optional[str]:
+        """One line for a log that had unreadable lines, else None."""
+        if not self.unreadable:
+            return None
+        return (f"events: skipped {self.unreadable} unreadable line(s) of {self.files} file(s) "
+                f"(first: {self.first_unreadable})")
+
+    def to_dict(self) -> dict:
+        return {"files": self.files, "events": self.events, "unreadable_lines": self.unreadable}
+
+
+def log_files(where: str | Path) -> list[Path]:
+    """The files of a log: an events directory's *.jsonl, or one file (a merged log)."""
+    p = Path(where)
+    if p.is_dir():
+        return sorted(f for f in p.iterdir() if f.suffix == ".jsonl" and f.is_file())
+    return [p] if p.is_file() else []
+
+
+def log_beside(results_path: str | Path) -> Path:
+    """The log of the run whose results.json is `results_path`: its events directory, else a
+    merged events.jsonl in its place."""
+    d = Path(results_path).resolve().parent
+    return d / DIRNAME if (d / DIRNAME).is_dir() else d / MERGED_NAME
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _integer(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# The fields readers index by name, per event: an event without them is damage.
+REQUIRED: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "step": {"step": _integer, "dt": _number},
+    "train_start": {"step": _integer},
+    "ckpt_save": {"step": _integer, "blocking_s": _number},
+    "ckpt_drain": {"seconds": _number},
+    "ckpt_commit": {"write_s": _number},
+    "error": {"type": lambda x: isinstance(x, str), "message": lambda x: isinstance(x, str)},
+}
+
+
+def is_event(obj: Any) -> bool:
+    """A JSON object with a numeric `t`, a string `event`, an integer `rank`, and the fields its
+    readers need (REQUIRED)."""
+    if not (isinstance(obj, dict) and _number(obj.get("t")) and isinstance(obj.get("event"), str)
+            and _integer(obj.get("rank"))):
+        return False
+    return all(ok(obj.get(name)) for name, ok in REQUIRED.get(obj["event"], {}).items())
+
+
+_START = b'{"t":'  # every writer's line begins so: a line glued onto a torn one still parses
+
+
+def _decode(line: bytes) -> Optional[dict]:
+    try:
+        obj = json.loads(line)
+    except ValueError:  # not UTF-8 (UnicodeDecodeError is one) or not JSON
+        return None
+    return obj if is_event(obj) else None
+
+
+def _parse(path: Path, stats: LogStats) -> Iterator[dict]:
+    """A file's events in file order; damaged lines skipped and counted. An event written
+    after a torn fragment on the same line (by a writer that could not know) is kept."""
+    try:
+        f = path.open("rb")
+    except OSError:
+        stats.skipped(f"{path}: unreadable file")
         return
-    with p.open() as f:
-        for line in f:
+    with f:
+        for number in itertools.count(1):
             try:
-                yield json.loads(line)
-            except ValueError:
+                line = f.readline(MAX_LINE_BYTES + 1)
+                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                        pass
+                    stats.skipped(f"{path.name} line {number}")
+                    continue
+            except OSError as exc:  # a failing disk: what was read stands
+                stats.skipped(f"{path.name} line {number}: {exc}")
+                return
+            if not line:
+                return
+            line = line.strip()
+            if not line:
                 continue
+            event = _decode(line)
+            if event is None:
+                stats.skipped(f"{path.name} line {number}")
+                start = line.rfind(_START)
+                event = _decode(line[start:]) if start > 0 else None
+                if event is None:
+                    continue
+            stats.events += 1
+            yield event
+
+
+def _in_time_order(events: Iterable[dict], window: float = REORDER_SECONDS) -> Iterator[dict]:
+    """Events in time order, for a stream no event of which comes more than `window` seconds
+    after a later-stamped one; holds only the events of the last `window` seconds."""
+    heap: list[tuple[float, int, dict]] = []
+    newest = -math.inf
+    for seq, e in enumerate(events):
+        heapq.heappush(heap, (e["t"], seq, e))
+        newest = max(newest, e["t"])
+        while heap[0][0] < newest - window:
+            yield heapq.heappop(heap)[2]
+    while heap:
+        yield heapq.heappop(heap)[2]
+
+
+def _merged(files: Sequence[Path], stats: LogStats, fan_in: int) -> Iterator[dict]:
+    if len(files) <= fan_in:
+        yield from heapq.merge(*(_in_time_order(_parse(f, stats)) for f in files),
+                               key=lambda e: e["t"])
+        return
+    # More files than may be open at once: merge groups into temporary files, then those.
+    with tempfile.TemporaryDirectory(prefix="nvrx-eks-events-") as tmp:
+        parts = []
+        for i in range(0, len(files), fan_in):
+            part = Path(tmp) / f"part-{i // fan_in:05d}.jsonl"
+            write_jsonl(_merged(files[i:i + fan_in], stats, fan_in), part)
+            parts.append(part)
+        inner = LogStats()  # the parts are our own output: count their lines once, above
+        yield from _merged(parts, inner, fan_in)
+
+
+def read_events(where: str | Path, stats: Optional[LogStats] = None,
+                fan_in: int = MERGE_FAN_IN) -> Iterator[dict]:
+    """Every readable event of a log (an events directory or one file), in time order, as a
+    stream. `stats` counts files, events and skipped lines."""
+    stats = stats if stats is not None else LogStats()
+    files = log_files(where)
+    stats.files += len(files)
+    return _merged(files, stats, fan_in)
+
+
+def write_jsonl(events: Iterable[dict], path: Path) -> int:
+    """Write events one per line to `path` (atomically: a temporary file, then a rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    n = 0
+    with tmp.open("w") as f:
+        for e in events:
+            f.write(json.dumps(e, separators=(",", ":")) + "\n")
+            n += 1
+    os.replace(tmp, path)
+    return n
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.accounting.events",
+                                description="Tools for a run's event log.")
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge", help="write the per-node files of DIR as one log, in time order")
+    m.add_argument("dir", help="a run's events directory (runs/<id>/events)")
+    m.add_argument("--out", help=f"default: {MERGED_NAME} beside DIR")
+    args = p.parse_args(argv)
+    src = Path(args.dir)
+    if not src.is_dir() or not log_files(src):
+        print(f"{p.prog}: error: {src} is not an events directory (no *.jsonl file in it)",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else src.parent / MERGED_NAME
+    stats = LogStats()
+    n = write_jsonl(read_events(src, stats), out)
+    print(f"wrote {n} events from {stats.files} files to {out}")
+    if stats.warning():
+        print(stats.warning(), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

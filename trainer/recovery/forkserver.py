@@ -63,7 +63,10 @@ def main() -> None:
     os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
     plain_elastic_logs()
     multiprocessing.set_forkserver_preload(list(PRELOAD))
+    from trainer.recovery.launcher_events import record_ft_launcher_detections
     from trainer.recovery.nvrx_compat import ft_launcher_main
+
+    record_ft_launcher_detections(os.environ)
 
     sys.exit(ft_launcher_main())
 

@@ -23,27 +23,49 @@ from typing import Optional
 import torch
 
 from config.contract import inprocess_ports
-from trainer.accounting.events import EventLog
+from trainer.accounting.events import Detection, EventLog
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError, FinalError
 from trainer.loop.distributed import DistEnv, dist_env
 from trainer.loop.hooks import Hooks
 from trainer.loop.train import run
-from trainer.recovery.nvrx_compat import restart_health_check
+from trainer.recovery.nvrx_compat import interruption_records, restart_health_check
 from trainer.recovery.phases import PhaseTimeout
 
 
-def _record_abort(events: EventLog):
-    from nvidia_resiliency_ext.inprocess.abort import Abort
+# NVRx's names of what interrupted a rank, in the event log's words (accounting.events.Detection).
+INTERRUPTIONS = {"exception": Detection.EXCEPTION, "base_exception": Detection.EXCEPTION,
+                 "soft_timeout": Detection.SOFT_TIMEOUT, "hard_timeout": Detection.HARD_TIMEOUT,
+                 "terminated": Detection.PROCESS_DEATH, "unresponsive": Detection.HEARTBEAT_TIMEOUT,
+                 "monitor_process_exception": Detection.MONITOR_ERROR}
 
-    class RecordAbort(Abort):
-        """Stamps the moment the wrapper decided to restart (detection)."""
 
-        def __call__(self, state):
-            events.emit("abort", iteration=state.iteration)
-            return state
+class RecordAbort:
+    """Stamps the moment the Wrapper decided to restart (detection), with what it saw: the
+    ranks interrupted and how (a rank's exception, its soft or hard timeout, a dead or silent
+    rank), as NVRx recorded them for this iteration. The Wrapper's store is known once the
+    first attempt runs (`watch`)."""
 
-    return RecordAbort()
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+        self.call_wrapper = None
+
+    def watch(self, call_wrapper) -> None:
+        self.call_wrapper = call_wrapper
+
+    def abort(self):
+        from nvidia_resiliency_ext.inprocess.abort import Abort
+
+        recorder = self
+
+        class Record(Abort):
+            def __call__(self, state):
+                records = interruption_records(recorder.call_wrapper, state.iteration)
+                recorder.events.emit("abort", iteration=state.iteration, interruptions=[
+                    [rank, INTERRUPTIONS.get(name, Detection.UNKNOWN)] for rank, name in records])
+                return state
+
+        return Record()
 
 
 def _timed_checks(events: EventLog, which: str, check):
@@ -85,7 +107,7 @@ def _hold_nvml() -> None:
         pass
 
 
-def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
+def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: RecordAbort):
     import nvidia_resiliency_ext.inprocess as inprocess
     from nvidia_resiliency_ext.inprocess.abort import AbortTorchDistributed
 
@@ -100,7 +122,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
         store_kwargs={"port": wrapper_port, "timeout": timedelta(seconds=cfg.barrier_timeout)},
         initialize=inprocess.initialize.RetryController(
             max_iterations=cfg.inprocess_max_restarts + 1, min_world_size=min_world),
-        abort=inprocess.Compose(AbortTorchDistributed(), _record_abort(events)),
+        abort=inprocess.Compose(AbortTorchDistributed(), recorder.abort()),
         health_check=health,
         rank_assignment=inprocess.Compose(inprocess.rank_assignment.ActivateAllRanks(),
                                           inprocess.rank_assignment.ShiftRanks()),
@@ -159,13 +181,15 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
     """Train under the in-process Wrapper; returns the successful attempt's summary."""
     import nvidia_resiliency_ext.inprocess as inprocess
 
-    wrapper, app_port = build_wrapper(cfg, env0, events)
+    recorder = RecordAbort(events)
+    wrapper, app_port = build_wrapper(cfg, env0, events, recorder)
     base = hooks or Hooks()
 
     def attempt(call_wrapper: Optional[inprocess.CallWrapper] = None) -> dict:
         env = dist_env(cfg.device)  # ranks may have been reassigned
         events.rank = env.rank
         iteration = call_wrapper.iteration if call_wrapper else 0
+        recorder.watch(call_wrapper)
         events.emit("attempt_start", iteration=iteration)
         if base.process.app_store is None:
             base.process.app_store = torch.distributed.TCPStore(
@@ -176,7 +200,8 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
         hooks = base.for_attempt(iteration, store, call_wrapper.ping)
         try:
             return run(cfg, env, events, hooks)
-        except Exception as exc:
+        except Exception as exc:  # this rank's failure, where it is detected
+            events.emit("error", type=type(exc).__name__, message=str(exc)[:500])
             attempts.failed(exc, hooks.steps_done, events)
             raise
 

@@ -24,12 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from config.contract import (DEFAULT_MASTER_PORT, FINAL_ERROR_ENV, INPROCESS_PORT_ENV,
-                             RecoveryMode, process_env, wrapper_store_port)
+from config.contract import (DEFAULT_MASTER_PORT, EVENTS_DIR_ENV, FINAL_ERROR_ENV,
+                             INPROCESS_PORT_ENV, LAUNCHER_ID_ENV, NODE_RANK_ENV, RecoveryMode,
+                             process_env, wrapper_store_port)
 from trainer.config import MODES
 
 
@@ -90,6 +92,14 @@ def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
     env = dict(os.environ if base is None else base)
     env[INPROCESS_PORT_ENV] = str(wrapper_store_port(spec.master_port))
     env["GROUP_RANK"] = str(spec.node_rank)  # NVRx's infrastructure group rank
+    # The event log: this node's file (torchelastic renumbers GROUP_RANK at each rendezvous),
+    # and which start of the launcher the workers belong to (a new one means a job restart).
+    env[NODE_RANK_ENV] = str(spec.node_rank)
+    env[LAUNCHER_ID_ENV] = uuid.uuid4().hex[:12]
+    if cfg.output_dir is not None:
+        from trainer.accounting.events import events_dir
+
+        env[EVENTS_DIR_ENV] = str(events_dir(cfg.output_dir))
     # The NCCL watchdog's bound follows the NCCL collective timeout, whatever this run's device.
     for name, value in process_env(spec.mode, cfg.collective_timeout("cuda"),
                                    cfg.hard_timeout).items():
@@ -162,7 +172,8 @@ def supervise(cmd: list[str], env: dict) -> int:
     torchrun and ft_launcher turn any worker failure into their own exit code 1 (ft_launcher
     first restarts the workers, which would fail the same way). A rank that meets such an error
     writes it to FINAL_ERROR_ENV's file; this process then stops the launcher and exits 2,
-    which the local runner and the Job's pod failure policy never retry.
+    which the local runner and the Job's pod failure policy never retry. Any other failed exit
+    is recorded in the node's event log: the Job restarts the pod for it.
     """
     final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
     become_subreaper()
@@ -176,6 +187,10 @@ def supervise(cmd: list[str], env: dict) -> int:
         signal.signal(sig, forward)
     while not reap_orphans(proc) and not final.exists():
         time.sleep(0.2)
+    if proc.returncode not in (0, 2, None) and not final.exists():
+        from trainer.recovery.launcher_events import record_launcher_exit
+
+        record_launcher_exit(env, proc.returncode)
     if final.exists():
         if proc.poll() is None:
             forward(signal.SIGTERM, None)

@@ -19,10 +19,15 @@ Differences absorbed:
 - inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU,
   NVLink and NIC checks to every restart whenever LOCAL_RANK is set, which fail on CPU ranks
   (`restart_health_check`).
+- What NVRx detects, for the event log: the Wrapper's interruption records live in its store
+  (`interruption_records`); ft_launcher's failed workers and its rank monitors' heartbeat
+  timeouts are seen only inside the launcher, through its agent's `_monitor_workers` and the
+  monitor's `_handle_timeout` (`watch_worker_failures`, `watch_heartbeat_timeouts`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -209,3 +214,97 @@ def restart_health_check(wrapper) -> Optional[Any]:
     """From 0.5, the check a restart runs: the wrapper's `health_check`, then NVML GPU, NVLink and
     NIC checks. None before 0.5, where the wrapper's `health_check` runs at restarts too."""
     return getattr(wrapper, "restart_health_check", None) if NVRX_VERSION >= (0, 5) else None
+
+
+def interruption_records(call_wrapper, iteration: int) -> list[tuple[int, str]]:
+    """What interrupted iteration `iteration` of the Wrapper, as (rank, NVRx's interruption name
+    in lower case: "exception", "soft_timeout", ...), in the order recorded; [] where this
+    NVRx keeps no such records or the store cannot be read. The records live in the Wrapper's
+    store under the iteration's prefix (0.4.1 through 0.7)."""
+    store = getattr(call_wrapper, "base_store", None)
+    if store is None:
+        return []
+    try:
+        from nvidia_resiliency_ext.inprocess.store import PrefixStore
+
+        records = PrefixStore(iteration, store).get_interruption_records()
+    except Exception:  # a store gone with the failure: the abort is stamped without a cause
+        log.debug("no interruption records for iteration %s", iteration, exc_info=True)
+        return []
+    return [(r.rank, r.interruption.name.lower()) for r in records]
+
+
+def watch_worker_failures(launcher, report: Callable[[list[dict]], None]) -> None:
+    """Call `report` with the failed workers ({rank, local_rank, pid, exit_code, signal}) each
+    time ft_launcher's agent finds one (before it restarts the group), once per worker. The
+    agent names only the first failure it finds: every other worker already dead by then is
+    added, from the agent's process context, so that a rank killed at the same moment as a
+    peer that then raised is not missed. `launcher` is NVRx's launcher module; its agent class
+    and `_monitor_workers` are the same from 0.4.1 to 0.7."""
+    agent = getattr(launcher, "LocalElasticAgent", None)
+    monitor = getattr(agent, "_monitor_workers", None)
+    if monitor is None or getattr(monitor, "reports_failures", False):
+        log.warning("ft_launcher's agent has no _monitor_workers: worker failures go unrecorded")
+        return
+    reported: set[int] = set()
+
+    @functools.wraps(monitor)
+    def monitor_and_report(self, worker_group):
+        result = monitor(self, worker_group)
+        failures = getattr(result, "failures", None) or {}
+        if failures:
+            dead = {rank: (f.local_rank, f.pid, f.exitcode) for rank, f in failures.items()}
+            with contextlib.suppress(Exception):  # the agent's internals: best effort
+                dead = {**_dead_workers(self, worker_group), **dead}
+            new = sorted((rank, w) for rank, w in dead.items() if w[1] not in reported)
+            reported.update(w[1] for _, w in new)
+            if new:
+                report([{"rank": rank, "local_rank": local_rank, "pid": pid, "exit_code": code,
+                         "signal": signal.Signals(-code).name if code is not None and code < 0
+                         else None} for rank, (local_rank, pid, code) in new])
+        return result
+
+    monitor_and_report.reports_failures = True
+    agent._monitor_workers = monitor_and_report
+
+
+def _dead_workers(agent, worker_group) -> dict[int, tuple[int, int, int]]:
+    """global rank -> (local rank, pid, exit code) of the group's workers that have exited with
+    a failure, from the agent's process context: forked workers (multiprocessing processes)
+    or command-line ones (subprocess handlers)."""
+    context = agent._pcontext
+    procs = getattr(getattr(context, "_pc", None), "processes", None)
+    if procs is None:
+        handlers = getattr(context, "subprocess_handlers", {})
+        procs = [handlers[i].proc for i in sorted(handlers)]
+    out = {}
+    for local_rank, proc in enumerate(procs):
+        code = proc.exitcode if hasattr(proc, "exitcode") else proc.poll()
+        if code not in (None, 0):
+            worker = worker_group.workers[local_rank]
+            out[worker.global_rank] = (local_rank, proc.pid, code)
+    return out
+
+
+def watch_heartbeat_timeouts(report: Callable[[int, int], None]) -> None:
+    """Call `report(rank, pid)` when one of ft_launcher's rank monitors finds a rank's heartbeat
+    timed out, before it kills the rank. The monitors are forked from the launcher (0.4.1
+    through 0.7), so a patch made here reaches them."""
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
+
+    handle = getattr(RankMonitorServer, "_handle_timeout", None)
+    if handle is None or getattr(handle, "reports_timeouts", False):
+        return
+    reported: set[int] = set()  # the monitor checks again until the kill has taken effect
+
+    @functools.wraps(handle)
+    async def report_then_handle(self):
+        info = self.rank_info
+        if info is not None and info.pid not in reported:
+            reported.add(info.pid)
+            with contextlib.suppress(Exception):  # the record must never stop the kill
+                report(int(info.global_rank), info.pid)  # NVRx keeps the rank as a string
+        await handle(self)
+
+    report_then_handle.reports_timeouts = True
+    RankMonitorServer._handle_timeout = report_then_handle

@@ -43,3 +43,21 @@ def test_orphans_under_the_launcher_are_adopted_and_collected_and_its_exit_code_
     assert proc.returncode == 3, proc.stderr
     assert int(Path(f"{out}.orphan-parent").read_text()) == supervisor  # adopted, not init's
     assert Path(f"{out}.zombies").read_text() == "0"  # and collected
+
+
+def test_a_failed_launcher_exit_is_recorded_in_the_nodes_event_log(tmp_path):
+    """In a pod, the Job restarts the pod after this exit: the record is its evidence."""
+    from config.contract import EVENTS_DIR_ENV, NODE_RANK_ENV
+    from trainer.accounting.events import read_events
+
+    env = {EVENTS_DIR_ENV: str(tmp_path / "events"), NODE_RANK_ENV: "3"}
+    for code in (0, 2, 5):
+        prog = ("import os, sys; from trainer.recovery.launch import supervise; "
+                f"sys.exit(supervise([sys.executable, '-c', 'raise SystemExit({code})'], "
+                f"{{**os.environ, **{env!r}}}))")
+        proc = subprocess.run([sys.executable, "-c", prog], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == code, proc.stderr
+    (e,) = read_events(tmp_path / "events")  # neither success nor a final error (2) restarts
+    assert (e["event"], e["exit_code"], e["node"], e["rank"]) == ("worker_failed", 5, 3, -1)
+    assert (tmp_path / "events" / "node-00003.jsonl").is_file()
