@@ -1,8 +1,11 @@
-"""The one-off Job that tokenizes C4 onto FSx before the first run.
+"""The one-off Job that tokenizes the profile's data source (C4 by default) onto FSx before the
+first run.
 
 It runs on a GPU node (tolerating the taint, requesting no GPU) because the trainer image is
 large and already cached there; the system nodes would pull gigabytes for one short job. It
-needs egress to the Hugging Face hub, which no NetworkPolicy of ours restricts.
+needs egress to the Hugging Face hub, which no NetworkPolicy of ours restricts. Bad input (a
+source that is not one, a missing text field) exits 2 and fails the Job at once: retrying
+cannot fix it.
 """
 
 from __future__ import annotations
@@ -17,17 +20,19 @@ from k8s import commands, naming, pod
 from k8s.charts.base import meta
 from k8s.deployment import Deployment
 from k8s.environment import data_prep_env
+from k8s.restart_policy import USAGE_ERROR_EXIT_CODE
 
-BACKOFF_LIMIT = 3  # network hiccups while streaming C4; more would hide a real error
-CPU = "2"
-MEMORY = "8Gi"
+CONTAINER = "data-prep"
+BACKOFF_LIMIT = 3  # network hiccups while streaming from the hub; more would hide a real error
+TOKENIZING_PROCESSES = 2  # the CPUs the pod requests, one per tokenizing process
+MEMORY = "8Gi"  # the reading process and each tokenizing one hold a tokenizer and a few batches
 
 
 class DataPrepChart(Chart):
     def __init__(self, scope: Construct, id: str, dep: Deployment) -> None:
         super().__init__(scope, id)
         labels = naming.base_labels(naming.COMPONENT_DATA_PREP)
-        command, args = commands.data_prep_command(dep)
+        command, args = commands.data_prep_command(dep, TOKENIZING_PROCESSES)
         fsx_mount = pod.mount(pod.FSX_VOLUME, dep.fsx_mount)
         prepare = pod.prepare_dirs_container(
             dep.image,
@@ -37,13 +42,13 @@ class DataPrepChart(Chart):
             [fsx_mount],
         )
         container = k8s.Container(
-            name="data-prep",
+            name=CONTAINER,
             image=dep.image,
             image_pull_policy=dep.image_pull_policy,
             command=command,
             args=args,
             env=data_prep_env(),
-            resources=pod.bounded_resources(cpu=CPU, memory=MEMORY),
+            resources=pod.bounded_resources(cpu=str(TOKENIZING_PROCESSES), memory=MEMORY),
             security_context=pod.container_security(pod.APP_UID),
             volume_mounts=[fsx_mount],
         )
@@ -65,8 +70,25 @@ class DataPrepChart(Chart):
             metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace),
             spec=k8s.JobSpec(
                 backoff_limit=BACKOFF_LIMIT,
+                pod_failure_policy=_fail_on_bad_input(),
                 completions=1,
                 parallelism=1,
                 template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=labels), spec=pod_spec),
             ),
         )
+
+
+def _fail_on_bad_input() -> k8s.PodFailurePolicy:
+    """Exit 2 (bad input, named in the log) fails the Job without the retries that
+    BACKOFF_LIMIT grants to network errors."""
+    return k8s.PodFailurePolicy(
+        rules=[
+            k8s.PodFailurePolicyRule(
+                action="FailJob",
+                on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
+                    container_name=CONTAINER, operator="In", values=[USAGE_ERROR_EXIT_CODE]
+                ),
+                on_pod_conditions=[],  # required on every rule by the 1.28 API
+            )
+        ]
+    )
