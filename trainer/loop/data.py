@@ -188,10 +188,16 @@ def available_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
 _worker_state: Optional[tuple] = None  # (tokenizer, dtype), in each tokenizing process
 
 
+def _one_thread_tokenizer(ref: str):
+    """The tokenizer without the Rust library's own thread pool: the processes are the
+    parallelism, so `--num_proc` is the CPUs used, as a pod's CPU request expects."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    return get_tokenizer(ref)
+
+
 def _start_worker(ref: str, dtype: str) -> None:
     global _worker_state
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
-    _worker_state = (get_tokenizer(ref), np.dtype(dtype))
+    _worker_state = (_one_thread_tokenizer(ref), np.dtype(dtype))
 
 
 def _encode_in_worker(texts: list[str]) -> tuple[int, np.ndarray]:
@@ -206,7 +212,7 @@ def encoded_batches(batches: Iterable[list[str]], ref: str, dtype: np.dtype,
     read ahead, so memory does not grow with the dataset. Processes are spawned, not forked:
     the parent holds threads (the dataset's readers) that a fork would copy mid-step."""
     if num_proc == 1:
-        tok = get_tokenizer(ref)
+        tok = _one_thread_tokenizer(ref)
         yield from ((len(texts), encode_batch(tok, texts, dtype)) for texts in batches)
         return
     context = multiprocessing.get_context("spawn")

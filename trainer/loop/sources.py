@@ -3,13 +3,13 @@
 A source is one of:
 - `local`: the bundled synthetic corpus (`trainer.loop.corpus`), what tiny CPU runs use;
 - a `.jsonl`/`.json` file (JSON lines, optionally `.gz`), a `.parquet` file, or a directory of
-  them, read in sorted path order (subdirectories included; other files are skipped);
+  them, read in sorted path order (subdirectories included; hidden files and files of other
+  kinds are skipped);
 - `hf:REPO[:CONFIG[:SPLIT]]`, a dataset on the Hugging Face hub (split `train` by default), or a
   short name for one (`c4` is `hf:allenai/c4:en:train`).
 
-Everything is streamed, local files too: a batch is read only when the previous one has been
-handed on, so memory stays the same at any dataset size and no Arrow copy of the data is
-written to the cache. Streaming reads files and shards in a fixed order and never shuffles, so
+Files and hub datasets are streamed, local files too: a batch is read when it is asked for, so
+memory stays the same at any dataset size and no Arrow copy of the data is written to the cache. Streaming reads files and shards in a fixed order and never shuffles, so
 the first N documents are the same on every run. `datasets` is imported only when a file or hub
 source is opened: the ranks import this package without it.
 """
@@ -89,28 +89,16 @@ def data_files(source: str) -> list[Path]:
                       f"{SPELLINGS}")
 
 
-def check_source(source: str) -> None:
-    """Refuse a source that cannot be one, before anything is read: a bad hub spelling, a
-    missing path, a file of another kind."""
-    if source == LOCAL:
-        return
-    if is_hub(source):
-        parse_hub(source)
-    else:
-        data_files(source)
-
-
 def document_batches(source: str, text_field: str, limit: int,
                      batch_size: int) -> Iterator[list[str]]:
     """The first `limit` documents of `source`, the text in `text_field` of each, in batches of
-    at most `batch_size`. Lazy: nothing is opened before the first batch is asked for."""
-    check_source(source)
+    at most `batch_size`. A source that cannot be one (a bad hub spelling, a missing path, a
+    file of another kind) is refused here; the data is opened when the first batch is asked for."""
     if source == LOCAL:
         from trainer.loop.corpus import documents
 
         if text_field != LOCAL_FIELD:
             raise _missing_field(text_field, "the local corpus", [LOCAL_FIELD])
-
         batches: Iterator[list[str]] = _chunks(documents(limit), batch_size)
     elif is_hub(source):
         batches = _hub_batches(source, parse_hub(source), text_field, batch_size)
