@@ -1,14 +1,13 @@
 # syntax=docker/dockerfile:1
 # The nvrx-eks trainer image: NVIDIA PyTorch (CUDA, NCCL) + EFA (libfabric, aws-ofi-nccl) + NVRx.
 #
+#   docker build -t <EcrRepositoryUri>:<git commit> .                                 # NVRx 0.7.0 (`make image`)
 #   docker build --build-arg NVRX_VERSION=0.4.1 -t <EcrRepositoryUri>:nvrx-0.4.1 .   # published benchmark
-#   docker build -t <EcrRepositoryUri>:latest .                                       # NVRx 0.7.0
 #
 # Base: NGC PyTorch 25.09 is Ubuntu 24.04 (glibc 2.39) with Python 3.12 and NCCL >= 2.26.2, the
 # floor that NVRx wheels (0.5+ need glibc 2.39; 0.7 needs Python 3.12) and NVRx in-process
 # restart (NCCL 2.26.2) set; NVRx 0.4.1 also ships a cp312 wheel, so both pins build on it.
-ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.09-py3
-FROM ${BASE_IMAGE}
+FROM nvcr.io/nvidia/pytorch:25.09-py3
 
 ARG NVRX_VERSION=0.7.0
 ARG EFA_INSTALLER_VERSION=1.43.2
@@ -73,6 +72,10 @@ RUN python -c "import ctypes, sys; lib = ctypes.CDLL('/opt/amazon/ofi-nccl/lib/x
     && python -c "import datasets" \
     && ft_launcher --help > /dev/null \
     && python -c "import importlib.metadata as m, sys; v = m.version('nvidia-resiliency-ext'); sys.exit(0 if v == '${NVRX_VERSION}' else 'nvidia-resiliency-ext ' + v + ' != ${NVRX_VERSION}')"
+
+# No health check: the image runs batch training under Kubernetes, which ignores an image's
+# HEALTHCHECK. A hung or dead rank is NVRx's to detect (heartbeats, the in-process watchdog).
+HEALTHCHECK NONE
 
 LABEL org.opencontainers.image.title="nvrx-eks trainer" \
       org.opencontainers.image.description="FSDP LLaMA trainer with NVIDIA Resiliency Extension for EKS (EFA, aws-ofi-nccl)" \

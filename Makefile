@@ -7,10 +7,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CDK_VERSION := 2.1148.1
 CDK := .cache/cdk/node_modules/.bin/cdk
+# The IaC scanner the tests run (tests/checkov.py); its version and its libraries' are pinned in
+# constraints-checkov.txt.
+CHECKOV := .cache/checkov/bin/checkov
 PROFILE ?= p5
 MODE ?=
 OUTPUTS ?= cdk-outputs.json
-TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+# The image tag `make image` pushes; empty: the git commit, which the manifests use by default.
+TAG ?=
 NVRX_VERSION ?= 0.7.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
@@ -24,11 +28,17 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 $(CDK):
 	npm install --prefix .cache/cdk --no-audit --no-fund --silent aws-cdk@$(CDK_VERSION)
 
+# A virtual environment of its own: checkov pins libraries at other versions than the project.
+$(CHECKOV): constraints-checkov.txt
+	$(PYTHON) -m venv .cache/checkov
+	.cache/checkov/bin/pip install -q -c constraints-checkov.txt checkov
+	touch $@
+
 demo: $(VENV)/.installed
 	$(PY) -m devtools.demo
 
 # pytest exits 5 when it collects no tests: that is not a failure of the code under test.
-test: $(VENV)/.installed $(CDK)
+test: $(VENV)/.installed $(CDK) $(CHECKOV)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The unit tier: the pure logic (settings, schedule, agreement, goodput, layouts, contract).
@@ -52,9 +62,9 @@ destroy: $(VENV)/.installed $(CDK)
 manifests: $(VENV)/.installed
 	$(PY) -m k8s synth --profile $(PROFILE) $(if $(MODE),--mode $(MODE)) --outputs $(OUTPUTS) --outdir dist/$(PROFILE)
 
-# Needs Docker and AWS credentials; pushes an immutable tag (the git commit).
+# Needs Docker and AWS credentials; pushes an immutable tag (the git commit unless TAG is given).
 image: $(VENV)/.installed
-	@image=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) --image-tag $(TAG)) && \
+	@image=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) $(if $(TAG),--image-tag $(TAG))) && \
 	registry=$${image%%/*} && region=$$(echo $$registry | cut -d. -f4) && \
 	aws ecr get-login-password --region $$region | docker login --username AWS --password-stdin $$registry && \
 	docker build --build-arg NVRX_VERSION=$(NVRX_VERSION) -t $$image . && docker push $$image

@@ -206,8 +206,10 @@ class Profile(_Strict):
     capacity_reservation: Optional[CapacityReservation] = None
     placement_group: bool = True
     namespace: str = "nvrx"
-    image: Optional[str] = None  # default: the stack's ECR repository, tag image_tag
-    image_tag: str = "latest"
+    # The trainer image: a full reference with a tag or digest, else the stack's ECR repository at
+    # image_tag, else at the git commit (what `make image` pushes). Never `latest` (k8s.image).
+    image: Optional[str] = None
+    image_tag: Optional[str] = None
     # job: one Indexed Job (default); jobset: a JobSet, which restarts all its Jobs at once.
     workload: Workload = "job"
     cluster: ClusterSettings

@@ -37,7 +37,8 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
 
 def add_image_tag_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-tag", help="trainer image tag in the stack's ECR repository "
-                        "(default: the profile's image_tag); `make image` pushes the git commit")
+                        "(default: the profile's image_tag, else the git commit, which `make image` "
+                        "pushes; never latest)")
 
 
 def profile_from_args(args: argparse.Namespace) -> Profile:

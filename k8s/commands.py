@@ -58,8 +58,8 @@ def training_command(dep: Deployment) -> tuple[list[str], list[str]]:
 
 
 def data_prep_command(dep: Deployment, num_proc: int) -> tuple[list[str], list[str]]:
-    """The profile's `data:` section as the data-prep Job's flags. `num_proc` is the pod's CPU
-    request: the pod has no CPU limit, so the default (the CPUs it sees) would be the node's."""
+    """The profile's `data:` section as the data-prep Job's flags, with `num_proc` tokenizing
+    processes: one per CPU of the pod, said outright rather than read back from its cgroup."""
     data = dep.profile.data
     return (
         ["python", "-m", "trainer.loop.data"],

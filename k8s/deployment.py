@@ -16,11 +16,14 @@ from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
 from config.training import TrainConfig, batch_problem, describe
 from k8s import naming, outputs
 from k8s.errors import SynthError
+from k8s.image import TrainerImage, trainer_image
 from k8s.outputs import StackOutputs
 
 SHM_MOUNT = "/dev/shm"
 NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
 CONFIG_MOUNT = "/etc/nvrx-eks"
+SCRATCH_MOUNT = "/tmp"  # also HOME: tempfile's default and every ~/.cache (k8s.environment)
+HF_TOKEN_MOUNT = "/var/run/secrets/huggingface"
 SETTINGS_FILE = "settings.json"
 
 
@@ -31,7 +34,7 @@ class Deployment:
     profile: Profile
     mode: str
     run_id: str
-    image: str
+    image: TrainerImage
     namespace: str
     fsx_claim: str
     node_local_host_dir: str | None  # NodeLocalDir from the outputs; None unless node_dir == nvme
@@ -40,16 +43,6 @@ class Deployment:
     @property
     def tokenizer(self) -> str:
         return self.profile.tokenizer
-
-    @property
-    def image_pull_policy(self) -> str:
-        """IfNotPresent for a fixed tag, so a replacement pod never waits on the registry; Always
-        for a moving tag (latest, or none), so a rebuilt image is not shadowed by a node's cache."""
-        name = self.image.rsplit("/", 1)[-1]
-        if "@" in name:
-            return "IfNotPresent"
-        tag = name.split(":", 1)[1] if ":" in name else "latest"
-        return "Always" if tag == "latest" else "IfNotPresent"
 
     @property
     def instance(self) -> InstanceSpec:
@@ -170,14 +163,6 @@ def check_outputs_match(profile: Profile, out: StackOutputs) -> None:
             )
 
 
-def image_for(profile: Profile, out: StackOutputs) -> str:
-    """profile.image if set, else the stack's ECR repository at profile.image_tag."""
-    if profile.image:
-        return profile.image
-    repo = out.require(outputs.ECR_REPOSITORY_URI, "the profile sets no image")
-    return f"{repo}:{profile.image_tag}"
-
-
 def resolve(
     profile: Profile,
     out: StackOutputs,
@@ -198,7 +183,7 @@ def resolve(
         profile=profile,
         mode=chosen_mode,
         run_id=rid,
-        image=image_for(profile, out),
+        image=trainer_image(profile, out),
         namespace=profile.namespace,
         fsx_claim=out.require(outputs.FSX_PVC_NAME, "the FSx claim every pod mounts"),
         node_local_host_dir=node_local,

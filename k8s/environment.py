@@ -1,4 +1,4 @@
-"""Container environment: rank identity, the HF token reference, NCCL/EFA and PyTorch NCCL knobs.
+"""Container environment: rank identity, the home and token paths, NCCL/EFA and PyTorch NCCL knobs.
 
 Network settings follow the instance table (EFA count, GPUDirect RDMA); the PyTorch watchdog
 settings follow the recovery mode and the profile's timeouts, by the contract's one rule
@@ -11,7 +11,7 @@ from cdk8s_plus_35 import k8s
 
 from config import InstanceSpec, contract
 from k8s import naming
-from k8s.deployment import Deployment
+from k8s.deployment import HF_TOKEN_MOUNT, SCRATCH_MOUNT, Deployment
 
 # Where the EFA installer puts aws-ofi-nccl in the Ubuntu image (the Dockerfile checks it exists).
 OFI_NCCL_LIB_DIR = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
@@ -20,7 +20,6 @@ NCCL_TUNER_PLUGIN_PATH = f"{OFI_NCCL_LIB_DIR}/libnccl-ofi-tuner.so"
 # fail at start-up: without it a missing or broken plugin silently falls back to TCP sockets.
 # The image's build-time smoke test reads this name out of the plugin (Dockerfile).
 OFI_NCCL_NET = "AWS Libfabric"
-HF_TOKEN_ENV = "HF_TOKEN"
 
 
 def network_env(spec: InstanceSpec) -> dict[str, str]:
@@ -73,10 +72,12 @@ def completion_index_env() -> k8s.EnvVar:
     )
 
 
-def hf_token_env() -> k8s.EnvVar:
-    """A reference to the user's Secret, optional so runs without gated downloads still start."""
-    ref = k8s.SecretKeySelector(name=naming.HF_TOKEN_SECRET, key=naming.HF_TOKEN_KEY, optional=True)
-    return k8s.EnvVar(name=HF_TOKEN_ENV, value_from=k8s.EnvVarSource(secret_key_ref=ref))
+def files_env() -> dict[str, str]:
+    """Where a container with a read-only root writes and finds its files: HOME on the scratch
+    volume, so every `~/.cache` (Hugging Face, Triton, CUDA's JIT cache) lands there, and the
+    Hugging Face token as the mounted Secret's file, which huggingface_hub reads through
+    HF_TOKEN_PATH (the token itself is never in the environment)."""
+    return {"HOME": SCRATCH_MOUNT, "HF_TOKEN_PATH": f"{HF_TOKEN_MOUNT}/{naming.HF_TOKEN_KEY}"}
 
 
 def as_env_vars(values: dict[str, str]) -> list[k8s.EnvVar]:
@@ -84,9 +85,9 @@ def as_env_vars(values: dict[str, str]) -> list[k8s.EnvVar]:
 
 
 def training_env(dep: Deployment) -> list[k8s.EnvVar]:
-    plain = {**run_env(dep), **network_env(dep.instance), **recovery_env(dep)}
-    return [completion_index_env(), hf_token_env(), *as_env_vars(plain)]
+    plain = {**run_env(dep), **files_env(), **network_env(dep.instance), **recovery_env(dep)}
+    return [completion_index_env(), *as_env_vars(plain)]
 
 
 def data_prep_env() -> list[k8s.EnvVar]:
-    return [hf_token_env(), *as_env_vars({"PYTHONUNBUFFERED": "1"})]
+    return as_env_vars({**files_env(), "PYTHONUNBUFFERED": "1"})

@@ -8,6 +8,7 @@ instances therefore run as uid 0 with every capability dropped except IPC_LOCK, 
 escalation and the RuntimeDefault seccomp profile; every other container runs as the image's
 non-root user. FSx for Lustre ignores fsGroup, so a short root init container (CHOWN and
 DAC_OVERRIDE only) creates the directories a non-root container writes and hands them over.
+Every container's root filesystem is read-only; what it writes goes to its volumes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from cdk8s_plus_35 import k8s
 from config import InstanceSpec, contract
 from k8s import naming
 from k8s.errors import SynthError
+from k8s.image import TrainerImage
 
 APP_UID = 10001  # the non-root user the Dockerfile creates (tests check they agree)
 ROOT_UID = 0
@@ -27,20 +29,43 @@ FSX_VOLUME = "fsx"
 SHM_VOLUME = "dshm"
 CONFIG_VOLUME = "settings"
 NODE_LOCAL_VOLUME = "node-local"
+SCRATCH_VOLUME = "scratch"
+HF_TOKEN_VOLUME = "hf-token"
 INIT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE")
 
 
 def container_security(uid: int, add: Sequence[str] = ()) -> k8s.SecurityContext:
-    """Not privileged, no escalation, all capabilities dropped except `add`."""
+    """Not privileged, no escalation, all capabilities dropped except `add`, and a read-only root
+    filesystem: a container writes only to its volumes (the scratch volume for temporary files
+    and caches). runc makes the root read-only after the NVIDIA runtime hooks have put the driver
+    into it, so GPU containers start as usual."""
     return k8s.SecurityContext(
         privileged=False,
         allow_privilege_escalation=False,
+        read_only_root_filesystem=True,
         run_as_user=uid,
         run_as_group=uid,
         run_as_non_root=uid != ROOT_UID,
         capabilities=k8s.Capabilities(drop=["ALL"], add=list(add) or None),
         seccomp_profile=k8s.SeccompProfile(type="RuntimeDefault"),
     )
+
+
+def security_skips(efa_root: bool) -> list[tuple[str, str]]:
+    """The checkov findings this security model accepts, with its reasons: the init container's
+    two capabilities, and uid 0 with IPC_LOCK in a trainer that uses EFA."""
+    init = ("CHOWN and DAC_OVERRIDE only in the init container, which creates the run's directories "
+            "on FSx (FSx ignores fsGroup) and hands them to the pod's user")
+    if not efa_root:
+        return [("CKV_K8S_25", f"{init}.")]
+    root = ("uid 0 only so that the added IPC_LOCK is effective (Kubernetes has no ambient "
+            "capabilities): EFA registers memory with the NIC beyond RLIMIT_MEMLOCK. Every other "
+            "capability is dropped, with no privilege escalation and the RuntimeDefault seccomp profile")
+    return [
+        ("CKV_K8S_23", f"The trainer runs as {root}."),
+        ("CKV_K8S_40", f"The trainer runs as {root}; it holds none of host root's other powers."),
+        ("CKV_K8S_25", f"IPC_LOCK only in the trainer, for EFA memory registration; {init}."),
+    ]
 
 
 def pod_security() -> k8s.PodSecurityContext:
@@ -57,6 +82,21 @@ def shm_volume(size: str) -> k8s.Volume:
     """A memory-backed /dev/shm bounded by the profile, instead of the host's shared /dev/shm."""
     source = k8s.EmptyDirVolumeSource(medium="Memory", size_limit=k8s.Quantity.from_string(size))
     return k8s.Volume(name=SHM_VOLUME, empty_dir=source)
+
+
+def scratch_volume() -> k8s.Volume:
+    """A node-disk emptyDir for what would otherwise go to the root filesystem: temporary files
+    (the launchers' logs and sockets) and the home directory's caches (Hugging Face downloads,
+    compiler caches). Unbounded, like the writable root layer it stands in for."""
+    return k8s.Volume(name=SCRATCH_VOLUME, empty_dir=k8s.EmptyDirVolumeSource())
+
+
+def hf_token_volume() -> k8s.Volume:
+    """The user's Hugging Face token Secret as a file. Optional: without the Secret the directory
+    is empty and downloads are anonymous, which public models and C4 allow."""
+    items = [k8s.KeyToPath(key=naming.HF_TOKEN_KEY, path=naming.HF_TOKEN_KEY)]
+    source = k8s.SecretVolumeSource(secret_name=naming.HF_TOKEN_SECRET, items=items, optional=True)
+    return k8s.Volume(name=HF_TOKEN_VOLUME, secret=source)
 
 
 def config_volume(config_map: str) -> k8s.Volume:
@@ -126,8 +166,7 @@ def prepare_dirs_script(dirs: Sequence[str], owner_uid: int, copies: Sequence[tu
 
 
 def prepare_dirs_container(
-    image: str,
-    pull_policy: str,
+    image: TrainerImage,
     dirs: Sequence[str],
     owner_uid: int,
     mounts: Sequence[k8s.VolumeMount],
@@ -135,8 +174,8 @@ def prepare_dirs_container(
 ) -> k8s.Container:
     return k8s.Container(
         name="prepare-dirs",
-        image=image,
-        image_pull_policy=pull_policy,
+        image=image.reference,
+        image_pull_policy=image.pull_policy,
         command=["sh", "-c", prepare_dirs_script(dirs, owner_uid, copies)],
         security_context=container_security(ROOT_UID, INIT_CAPABILITIES),
         resources=bounded_resources(),
@@ -144,9 +183,12 @@ def prepare_dirs_container(
     )
 
 
-def bounded_resources(cpu: str = "100m", memory: str = "256Mi") -> k8s.ResourceRequirements:
-    """A memory limit equal to the request (no surprise OOM of the node), no CPU limit."""
+def bounded_resources(cpu: str = "100m", memory: str = "256Mi", cpu_limit: str = "1") -> k8s.ResourceRequirements:
+    """Resources of an init, data-prep or results container, which shares a GPU node with a
+    training pod: a memory limit equal to the request (no surprise OOM of the node) and a CPU
+    limit, so that a burst of it never takes the trainer's cores. The training container itself
+    has no CPU limit (k8s.resources)."""
     return k8s.ResourceRequirements(
         requests={"cpu": k8s.Quantity.from_string(cpu), "memory": k8s.Quantity.from_string(memory)},
-        limits={"memory": k8s.Quantity.from_string(memory)},
+        limits={"cpu": k8s.Quantity.from_string(cpu_limit), "memory": k8s.Quantity.from_string(memory)},
     )

@@ -32,6 +32,16 @@ HUGEPAGES_GIB = math.ceil(naming.EFA_HUGEPAGES_MIB / 1024)
 NODE_HUGEPAGE_PODS = contract.TRAINING_PODS_PER_NODE * contract.HUGEPAGES_POD_HEADROOM
 
 
+# checkov's CPU-limit finding, on the training container only: the init, data-prep and results
+# containers have limits (k8s.pod).
+CPU_LIMIT_SKIP = (
+    "CKV_K8S_11",
+    "No CPU limit on the trainer: its pod has the node to itself and requests all its CPUs but the "
+    "system's share; throttling under a limit would stall NCCL and data-loader threads, and with "
+    "them every rank of the job",
+)
+
+
 @dataclass(frozen=True)
 class PodResources:
     """Requests and limits of the training container (requests == limits for device resources)."""

@@ -31,8 +31,9 @@ from config.training import settings_lines
 from k8s import naming, outputs, synth
 from k8s.charts.results import CONTAINER as RESULTS_CONTAINER
 from k8s.cli import add_deployment_args, add_image_tag_arg, profile_from_args
-from k8s.deployment import Deployment, check_outputs_match, image_for, resolve
+from k8s.deployment import Deployment, check_outputs_match, resolve
 from k8s.errors import SynthError
+from k8s.image import trainer_image
 from k8s.outputs import StackOutputs, default_outputs_path, load_outputs
 from scripts import plan as planning
 from scripts.kubectl import Kubectl, KubectlFailed, WrapperError
@@ -149,7 +150,7 @@ def cmd_synth(s: Session) -> int:
 
 def cmd_image(s: Session) -> int:
     """The image reference the manifests use, for `make image` (docker build/push)."""
-    s.kubectl.show(image_for(s.profile, s.outputs))
+    s.kubectl.show(trainer_image(s.profile, s.outputs).reference)
     return 0
 
 
@@ -255,7 +256,7 @@ def cmd_results(s: Session) -> int:
             if code != 0:
                 s.kubectl.show(f"# {name} not copied (not written to {dep.run_dir}?); skipped")
     finally:
-        s.kubectl.run("delete", "pod", pod, "--ignore-not-found", "--wait=false")
+        s.kubectl.run("delete", "pod,networkpolicy", pod, "--ignore-not-found", "--wait=false")
     report = f"python -m devtools.report {dest}/results.json --out {dest}/report"
     s.kubectl.show(f"# results of {dep.run_id} in {dest}/ (to redo the report: {report})")
     return 0
@@ -383,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {
         "synth": "write the manifests (--dry-run: print them)",
-        "image": "print the trainer image reference (profile image, or ECR repository:tag)",
+        "image": "print the trainer image reference (profile image, or ECR repository:tag or :commit)",
         "submit": "synthesize and apply one training run",
         "prepare-data": "run the data-prep Job that writes C4 tokens to FSx",
         "status": "jobs and pods of one run (default: all runs)",

@@ -18,7 +18,7 @@ from trainer.config import STAGED_SHARE, TrainConfig
 from trainer.durable.lease import Lease, existing_lineage, lineage_id
 from trainer.durable import run_settings
 from trainer.durable.manager import CheckpointManager, warm_staging
-from trainer.durable.state import local_tensors, restore, shard_layout
+from trainer.durable.state import TensorShard, local_tensors, restore, shard_layout
 from trainer.errors import ConfigError
 from trainer.faults.inject import at_point
 from trainer.loop.distributed import DistEnv
@@ -125,7 +125,7 @@ class Tiers:
         if got is None:
             return None
         layout = Layout.of(local_tensors(model, optimizer))
-        restore(model, optimizer, [(layout.views(got.flat), shard_layout(model))])
+        restore(model, optimizer, [TensorShard(layout.views(got.flat), shard_layout(model))])
         self.events.emit("snapshot_load", step=got.step, tier=got.tier, bytes=layout.total_bytes,
                          seconds=time.time() - t0)
         self.log(f"resumed from the step-{got.step} snapshot ({got.tier} tier)")

@@ -7,10 +7,12 @@ from typing import Optional
 
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from config import contract
+from infra.constructs.keys import rotating_key
 from infra.errors import DeploymentError
 
 # Placeholders CDK uses while an availability-zone or VPC lookup is still pending.
@@ -61,12 +63,7 @@ class Network(Construct):
             self.vpc = self._new_vpc(az, props.second_availability_zone, props.vpc_cidr)
 
         # Flow logs for either kind of VPC: a second flow log on an existing VPC is harmless.
-        log_group = logs.LogGroup(
-            self,
-            "FlowLogGroup",
-            retention=logs.RetentionDays.ONE_MONTH,
-            removal_policy=cdk.RemovalPolicy.DESTROY,
-        )
+        log_group = self._flow_log_group(stack)
         ec2.FlowLog(
             self,
             "FlowLog",
@@ -89,6 +86,41 @@ class Network(Construct):
                 subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS
             ).subnets
         self.gpu_subnet = private[0]
+
+    def _flow_log_group(self, stack: cdk.Stack) -> logs.LogGroup:
+        """The flow log group, encrypted with a key of its own. The key admits CloudWatch Logs of
+        this region for this one log group only (the encryption context names its ARN), so the
+        group is named: its ARN must be known before the group exists."""
+        name = f"/nvrx-eks/{stack.stack_name}/vpc-flow-logs"
+        arn = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=name,
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
+        key = rotating_key(self, "FlowLogKey", f"VPC flow logs in {name}")
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=[
+                    "kms:Encrypt",
+                    "kms:Decrypt",
+                    "kms:ReEncrypt*",
+                    "kms:GenerateDataKey*",
+                    "kms:DescribeKey",
+                ],
+                resources=["*"],  # in a key policy, "*" is this key
+                conditions={"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": arn}},
+            )
+        )
+        return logs.LogGroup(
+            self,
+            "FlowLogGroup",
+            log_group_name=name,
+            encryption_key=key,
+            retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
 
     def _new_vpc(self, az: str, other_az: str, cidr: str) -> ec2.Vpc:
         azs = [az, other_az]

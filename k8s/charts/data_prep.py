@@ -2,8 +2,8 @@
 first run.
 
 It runs on a GPU node (tolerating the taint, requesting no GPU) because the trainer image is
-large and already cached there; the system nodes would pull gigabytes for one short job. It
-needs egress to the Hugging Face hub, which no NetworkPolicy of ours restricts. Bad input (a
+large and already cached there; the system nodes would pull gigabytes for one short job. Its
+NetworkPolicy lets it reach DNS and the Hugging Face hub (HTTPS) and nothing else. Bad input (a
 source that is not one, a missing text field) exits 2 and fails the Job at once: retrying
 cannot fix it.
 """
@@ -16,15 +16,16 @@ from cdk8s import Chart
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import commands, naming, pod
+from k8s import checkov, commands, image, naming, network_policy, pod
 from k8s.charts.base import meta
-from k8s.deployment import Deployment
+from k8s.deployment import HF_TOKEN_MOUNT, SCRATCH_MOUNT, Deployment
 from k8s.environment import data_prep_env
 from k8s.restart_policy import USAGE_ERROR_EXIT_CODE
 
 CONTAINER = "data-prep"
 BACKOFF_LIMIT = 3  # network hiccups while streaming from the hub; more would hide a real error
-TOKENIZING_PROCESSES = 2  # the CPUs the pod requests, one per tokenizing process
+TOKENIZING_PROCESSES = 2  # one per CPU of the pod
+CPU = str(TOKENIZING_PROCESSES)
 MEMORY = "8Gi"  # the reading process and each tokenizing one hold a tokenizer and a few batches
 
 
@@ -36,21 +37,24 @@ class DataPrepChart(Chart):
         fsx_mount = pod.mount(pod.FSX_VOLUME, dep.fsx_mount)
         prepare = pod.prepare_dirs_container(
             dep.image,
-            dep.image_pull_policy,
             [posixpath.dirname(dep.data_dir), dep.data_dir],
             pod.APP_UID,
             [fsx_mount],
         )
         container = k8s.Container(
             name=CONTAINER,
-            image=dep.image,
-            image_pull_policy=dep.image_pull_policy,
+            image=dep.image.reference,
+            image_pull_policy=dep.image.pull_policy,
             command=command,
             args=args,
             env=data_prep_env(),
-            resources=pod.bounded_resources(cpu=str(TOKENIZING_PROCESSES), memory=MEMORY),
+            resources=pod.bounded_resources(cpu=CPU, memory=MEMORY, cpu_limit=CPU),
             security_context=pod.container_security(pod.APP_UID),
-            volume_mounts=[fsx_mount],
+            volume_mounts=[
+                fsx_mount,
+                pod.mount(pod.SCRATCH_VOLUME, SCRATCH_MOUNT),
+                pod.mount(pod.HF_TOKEN_VOLUME, HF_TOKEN_MOUNT, read_only=True),
+            ],
         )
         pod_spec = k8s.PodSpec(
             service_account_name=naming.SERVICE_ACCOUNT,
@@ -62,12 +66,19 @@ class DataPrepChart(Chart):
             tolerations=pod.gpu_tolerations(),
             init_containers=[prepare],
             containers=[container],
-            volumes=[pod.fsx_volume(dep.fsx_claim)],
+            volumes=[pod.fsx_volume(dep.fsx_claim), pod.scratch_volume(), pod.hf_token_volume()],
         )
+        k8s.KubeNetworkPolicy(
+            self,
+            "network-policy",
+            metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace),
+            spec=network_policy.dns_and_https_out(labels),
+        )
+        skips = checkov.annotations([*pod.security_skips(efa_root=False), *image.checkov_skips(dep.image)])
         k8s.KubeJob(
             self,
             "job",
-            metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace),
+            metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace, skips),
             spec=k8s.JobSpec(
                 backoff_limit=BACKOFF_LIMIT,
                 pod_failure_policy=_fail_on_bad_input(),

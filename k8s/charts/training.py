@@ -13,11 +13,19 @@ from cdk8s import ApiObject, ApiObjectMetadata, Chart, JsonPatch
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import commands, naming, pod, restart_policy
+from k8s import checkov, commands, image, naming, network_policy, pod, restart_policy
 from k8s.charts.base import meta
-from k8s.deployment import CONFIG_MOUNT, NODE_LOCAL_MOUNT, SETTINGS_FILE, SHM_MOUNT, Deployment
+from k8s.deployment import (
+    CONFIG_MOUNT,
+    HF_TOKEN_MOUNT,
+    NODE_LOCAL_MOUNT,
+    SCRATCH_MOUNT,
+    SETTINGS_FILE,
+    SHM_MOUNT,
+    Deployment,
+)
 from k8s.environment import training_env
-from k8s.resources import check_memory_budget, gib_quantity, shm_size_gib, training_resources
+from k8s.resources import CPU_LIMIT_SKIP, check_memory_budget, gib_quantity, shm_size_gib, training_resources
 
 # Time for the launcher to stop its workers and flush results/events on `stop` or a drain.
 TERMINATION_GRACE_S = 120
@@ -41,7 +49,7 @@ def settings_document(dep: Deployment) -> str:
         "job": dep.job_name,
         "master_addr": dep.master_addr,
         "run_dir": dep.run_dir,
-        "image": dep.image,
+        "image": dep.image.reference,
         "instance": asdict(dep.instance),
         "profile": dep.profile.model_dump(mode="json"),
         "launcher_args": commands.launcher_argv(dep),
@@ -67,6 +75,13 @@ class TrainingChart(Chart):
     def _meta(self) -> k8s.ObjectMeta:
         return meta(self.dep.job_name, self.run_labels, self.dep.namespace)
 
+    def _scan_skips(self) -> dict[str, str] | None:
+        """The workload object's checkov skips, each with the reason kept beside its cause."""
+        dep = self.dep
+        return checkov.annotations(
+            [*pod.security_skips(efa_root=dep.has_efa), CPU_LIMIT_SKIP, *image.checkov_skips(dep.image)]
+        )
+
     def _config_map(self) -> None:
         k8s.KubeConfigMap(self, "settings", metadata=self._meta(), data={SETTINGS_FILE: settings_document(self.dep)})
 
@@ -80,15 +95,7 @@ class TrainingChart(Chart):
         k8s.KubeService(self, "service", metadata=self._meta(), spec=spec)
 
     def _network_policy(self) -> None:
-        """Ingress to the run's pods only from the run's pods, on every port: NCCL's bootstrap
-        and socket transport listen on ephemeral ports besides 29500-29502. EFA traffic bypasses
-        the pod network and is governed by the node security group instead."""
-        same_run = k8s.LabelSelector(match_labels=self.selector)
-        spec = k8s.NetworkPolicySpec(
-            pod_selector=same_run,
-            policy_types=["Ingress"],
-            ingress=[k8s.NetworkPolicyIngressRule(from_=[k8s.NetworkPolicyPeer(pod_selector=same_run)])],
-        )
+        spec = network_policy.same_run_only(self.selector)
         k8s.KubeNetworkPolicy(self, "network-policy", metadata=self._meta(), spec=spec)
 
     def _job_spec(self, backoff_limit: int) -> k8s.JobSpec:
@@ -104,7 +111,8 @@ class TrainingChart(Chart):
         )
 
     def _job(self) -> None:
-        k8s.KubeJob(self, "job", metadata=self._meta(), spec=self._job_spec(restart_policy.backoff_limit(self.dep)))
+        metadata = meta(self.dep.job_name, self.run_labels, self.dep.namespace, self._scan_skips())
+        k8s.KubeJob(self, "job", metadata=metadata, spec=self._job_spec(restart_policy.backoff_limit(self.dep)))
 
     def _jobset(self) -> None:
         """A JobSet of one Indexed Job (one pod per node). The Job tolerates no failure
@@ -116,7 +124,12 @@ class TrainingChart(Chart):
             "jobset",
             api_version=restart_policy.JOBSET_API_VERSION,
             kind="JobSet",
-            metadata=ApiObjectMetadata(name=self.dep.job_name, namespace=self.dep.namespace, labels=self.run_labels),
+            metadata=ApiObjectMetadata(
+                name=self.dep.job_name,
+                namespace=self.dep.namespace,
+                labels=self.run_labels,
+                annotations=self._scan_skips(),
+            ),
         )
         jobset.add_json_patch(JsonPatch.add("/spec", restart_policy.jobset_spec(self.dep, job["spec"], self.run_labels)))
 
@@ -144,6 +157,8 @@ class TrainingChart(Chart):
             pod.fsx_volume(dep.fsx_claim),
             pod.shm_volume(gib_quantity(shm_size_gib(dep.profile))),
             pod.config_volume(dep.job_name),
+            pod.scratch_volume(),
+            pod.hf_token_volume(),
         ]
         if dep.node_local_host_path:
             volumes.append(pod.node_local_volume(dep.node_local_host_path))
@@ -162,7 +177,6 @@ class TrainingChart(Chart):
             dirs.append(NODE_LOCAL_MOUNT)
         return pod.prepare_dirs_container(
             dep.image,
-            dep.image_pull_policy,
             dirs,
             trainer_uid(dep),
             [*self._data_mounts(), pod.mount(pod.CONFIG_VOLUME, CONFIG_MOUNT, read_only=True)],
@@ -176,8 +190,8 @@ class TrainingChart(Chart):
         command, args = commands.training_command(dep)
         return k8s.Container(
             name=naming.TRAINER_CONTAINER,
-            image=dep.image,
-            image_pull_policy=dep.image_pull_policy,
+            image=dep.image.reference,
+            image_pull_policy=dep.image.pull_policy,
             command=command,
             args=args,
             env=training_env(dep),
@@ -188,5 +202,7 @@ class TrainingChart(Chart):
                 *self._data_mounts(),
                 pod.mount(pod.SHM_VOLUME, SHM_MOUNT),
                 pod.mount(pod.CONFIG_VOLUME, CONFIG_MOUNT, read_only=True),
+                pod.mount(pod.SCRATCH_VOLUME, SCRATCH_MOUNT),
+                pod.mount(pod.HF_TOKEN_VOLUME, HF_TOKEN_MOUNT, read_only=True),
             ],
         )

@@ -214,6 +214,12 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Synth]:
 
 
 @pytest.fixture(scope="session")
+def variant_names() -> list[str]:
+    """Every shape of the stacks the suite synthesizes."""
+    return list(VARIANTS)
+
+
+@pytest.fixture(scope="session")
 def cdk_context() -> dict[str, Any]:
     return app_context()
 

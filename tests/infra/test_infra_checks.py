@@ -1,4 +1,4 @@
-"""cfn-lint and cdk-nag on every synthesized template, and a real offline `cdk synth`."""
+"""cfn-lint, cdk-nag and checkov on every synthesized template, and a real offline `cdk synth`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from cfnlint.api import ManualArgs, lint_file
 
-pytestmark = pytest.mark.slow  # cfn-lint and cdk-nag over every stack
+from tests.checkov import scan
+
+pytestmark = pytest.mark.slow  # cfn-lint, cdk-nag and checkov over every stack
 
 VARIANTS = ["p5", "p4de", "g5-dev", "p5-capacity-block", "p4de-existing-vpc"]
 
@@ -43,6 +45,23 @@ def test_cdk_nag_aws_solutions_has_no_unacknowledged_findings(synth, variant):
     # Both validation plugins: cdk-nag's AwsSolutions pack and CDK's built-in template check.
     s = synth(variant)
     assert not s.violations, "\n".join(f"{p}: {rule} at {path}" for p, rule, path in s.violations)
+
+
+def test_checkov_finds_nothing_in_any_template(synth, variant_names, tmp_path):
+    """One checkov process over the templates of every variant (not their Lambda assets)."""
+    stacks = set()
+    for variant in variant_names:
+        s = synth(variant)
+        for template in s.outdir.glob("*.template.json"):
+            shutil.copy(template, tmp_path / template.name)
+            stacks.add(template.name)
+    assert len(stacks) == 4 * len(variant_names)  # the profiles' names keep the files apart
+    result = scan("cloudformation", tmp_path)
+    assert not result.parsing_errors
+    assert not result.failed, "checkov findings in the templates:\n" + result.failures()
+    scanned = {Path(r["file_path"]).name for r in (*result.passed, *result.skipped)}
+    assert scanned == stacks
+    assert all(r["check_result"].get("suppress_comment") for r in result.skipped)
 
 
 def test_cdk_nag_plugin_is_wired_and_reports_findings(tmp_path):
@@ -115,3 +134,21 @@ def test_cdk_cli_synth_works_offline_without_credentials(tmp_path):
     cdk_json = json.loads((root / "cdk.json").read_text())
     assert cdk_json["notices"] is False and cdk_json["context"]["cli-telemetry"] is False
     assert shutil.which("node")
+
+
+def test_checkov_skips_need_a_reason_and_add_up():
+    import aws_cdk as cdk
+    from aws_cdk import aws_sqs as sqs
+
+    from infra import checkov
+
+    stack = cdk.Stack(cdk.App(), "SkipProbe")
+    queue = sqs.CfnQueue(stack, "Queue")
+    with pytest.raises(ValueError, match="real reason"):
+        checkov.skip(queue, ("CKV_AWS_27", "fine"))
+    first = ("CKV_AWS_27", "A probe queue that exists only to test how skips are recorded.")
+    second = ("CKV2_AWS_73", "The same probe queue, skipped a second time by another caller.")
+    checkov.skip(queue, first)
+    checkov.skip(queue, second)
+    metadata = stack.resolve(queue.get_metadata("checkov"))
+    assert metadata == {"skip": [{"id": i, "comment": r} for i, r in (first, second)]}

@@ -456,6 +456,13 @@ def test_device_plugin_helm_charts_are_pinned_and_tolerate_the_gpu_taint(synth, 
         ]
 
 
+def rotating_key_of(s, role: str, key_arn: Any) -> dict[str, Any]:
+    """The KMS key a `Fn::GetAtt [key, Arn]` names, checked to rotate."""
+    key = s.templates[role]["Resources"][key_arn["Fn::GetAtt"][0]]
+    assert key["Type"] == "AWS::KMS::Key" and key["Properties"]["EnableKeyRotation"] is True
+    return key
+
+
 @pytest.mark.parametrize("variant", PROFILES)
 def test_registry_scans_on_push_with_immutable_tags(synth, variant):
     s = synth(variant)
@@ -467,6 +474,32 @@ def test_registry_scans_on_push_with_immutable_tags(synth, variant):
             "EmptyOnDelete": True,
         },
     )
+
+
+@pytest.mark.parametrize("variant", PROFILES)
+def test_registry_images_are_encrypted_with_a_rotating_key(synth, variant):
+    s = synth(variant)
+    _, repository = s.one("registry", "AWS::ECR::Repository")
+    encryption = repository["Properties"]["EncryptionConfiguration"]
+    assert encryption["EncryptionType"] == "KMS"
+    rotating_key_of(s, "registry", encryption["KmsKey"])
+
+
+@pytest.mark.parametrize("variant", ["p5", "p4de-existing-vpc"])
+def test_flow_logs_are_encrypted_with_a_key_only_their_log_group_may_use(synth, variant):
+    s = synth(variant)
+    _, group = s.one("network", "AWS::Logs::LogGroup")
+    name = group["Properties"]["LogGroupName"]
+    key = rotating_key_of(s, "network", group["Properties"]["KmsKeyId"])
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    (logs,) = [st for st in statements if st["Principal"].get("Service", "").startswith("logs.")]
+    assert logs["Principal"]["Service"] == f"logs.{s.profile.region}.amazonaws.com"
+    assert not any("*" == a or a.startswith("kms:Create") for a in logs["Action"])
+    (arn,) = logs["Condition"]["ArnEquals"].values()
+    assert arn["Fn::Join"][1][-1].endswith(f":log-group:{name}")
+    # The only other statement is the account's own administration of the key, through IAM.
+    (admin,) = [st for st in statements if st is not logs]
+    assert admin["Principal"]["AWS"]["Fn::Join"][1][-1].endswith(":root")
 
 
 @pytest.mark.parametrize("variant", PROFILES)

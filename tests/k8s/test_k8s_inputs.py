@@ -56,12 +56,16 @@ def test_profile_image_still_needs_the_fsx_claim() -> None:
 def test_profile_image_wins_over_the_repository(outputs_file) -> None:
     data = yaml.safe_load((REPO / "config/profiles/p5.yaml").read_text()) | {"name": "p5", "image": "my/image:1"}
     dep = resolve(profile_from_dict(data), load_outputs(outputs_file("p5")), run_id="r1")
-    assert dep.image == "my/image:1"
+    assert dep.image.reference == "my/image:1"
 
 
-def test_image_defaults_to_repository_and_tag(outputs_file) -> None:
+def test_image_defaults_to_repository_at_the_commit(outputs_file) -> None:
     dep = resolve(load_profile("p5"), load_outputs(outputs_file("p5")), run_id="r1")
-    assert dep.image == "123456789012.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:latest"
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    repository, tag = dep.image.reference.split(":")
+    assert repository == "123456789012.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer"
+    assert len(tag) == 12 and commit.startswith(tag)
     assert dep.namespace_owned_by_stack
 
 
@@ -167,21 +171,6 @@ def test_outputs_file_in_working_directory_is_the_default(outputs_file, tmp_path
     monkeypatch.chdir(work)
     assert synth_main(["synth", "--profile", "p5", "--run-id", "auto", "--outdir", "dist"]) == 0
     assert (work / "dist" / "30-train-auto.yaml").is_file()
-
-
-@pytest.mark.parametrize(
-    ("image", "policy"),
-    [
-        ("123.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:latest", "Always"),
-        ("123.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:nvrx-0.4.1", "IfNotPresent"),
-        ("registry:5000/nvrx-trainer", "Always"),
-        ("nvrx-trainer@sha256:" + "0" * 64, "IfNotPresent"),
-    ],
-)
-def test_pull_policy_follows_the_tag(outputs_file, image: str, policy: str) -> None:
-    data = yaml.safe_load((REPO / "config/profiles/p5.yaml").read_text()) | {"name": "p5", "image": image}
-    dep = resolve(profile_from_dict(data), load_outputs(outputs_file("p5")), run_id="r1")
-    assert dep.image_pull_policy == policy
 
 
 # Settings the profile could not reach before every setting came from one definition.

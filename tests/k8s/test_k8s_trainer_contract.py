@@ -76,8 +76,9 @@ def _data_prep_seen(manifests: dict[str, list[dict]], monkeypatch: pytest.Monkey
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "trainer.loop.data"]
     assert trainer.loop.data.main(container["args"]) == 2  # the fake's error, after parsing succeeded
-    # one tokenizing process per CPU requested: no CPU limit, so the default would be the node's
-    assert seen.pop("num_proc") == int(container["resources"]["requests"]["cpu"])
+    # one tokenizing process per CPU of the pod
+    resources = container["resources"]
+    assert seen.pop("num_proc") == int(resources["requests"]["cpu"]) == int(resources["limits"]["cpu"])
     # bad input (exit 2) fails the Job at once; other failures get the Job's retries
     [rule] = job["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "FailJob" and rule["onExitCodes"] == {

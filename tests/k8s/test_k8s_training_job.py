@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from config import instance_spec
 from config.training import pod_owned
@@ -169,10 +173,32 @@ def test_trainer_flags_follow_the_profile(synthesis) -> None:
     assert dep.train.model_dump(exclude=set(pod_owned())) == t.model_dump()
 
 
+def test_the_hf_token_is_a_mounted_file_never_an_env_var(synthesis) -> None:
+    data_prep = synthesis.one("Job", "data-prep")["spec"]["template"]["spec"]
+    for spec in (synthesis.pod_spec, data_prep):
+        (container,) = spec["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in env.values())
+        assert "HF_TOKEN" not in env
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        volume = {v["name"]: v for v in spec["volumes"]}["hf-token"]
+        assert volume["secret"] == {"secretName": "hf-token", "items": [{"key": "token", "path": "token"}],
+                                    "optional": True}
+        assert mounts["hf-token"]["readOnly"] is True
+        assert env["HF_TOKEN_PATH"]["value"] == f"{mounts['hf-token']['mountPath']}/token"
+
+
+def test_huggingface_hub_reads_the_token_from_the_path_the_pods_set(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("hf_probe_token\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
+    env |= {"HF_HOME": str(tmp_path / "home"), "HF_TOKEN_PATH": str(token)}
+    code = "import huggingface_hub; print(huggingface_hub.get_token())"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "hf_probe_token", proc.stderr[-2000:]
+
+
 def test_no_secret_values_anywhere(synthesis) -> None:
-    hf = synthesis.env["HF_TOKEN"]
-    assert "value" not in hf
-    assert hf["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token", "optional": True}
     text = json.dumps(synthesis.docs())
     for marker in ("hf_", "AKIA", "BEGIN PRIVATE KEY", "aws_secret_access_key"):
         assert marker not in text
@@ -184,5 +210,18 @@ def test_every_container_uses_the_run_image(synthesis) -> None:
         if doc["kind"] in ("Job", "Pod"):
             spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Job" else doc["spec"]
             for container in [*spec.get("initContainers", []), *spec["containers"]]:
-                assert container["image"] == synthesis.dep.image
-                assert container["imagePullPolicy"] == "Always"  # the fixtures use the :latest tag
+                assert container["image"] == synthesis.dep.image.reference
+                # The fixtures use the default: the commit's tag in the stack's repository.
+                assert container["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_the_other_containers_have_cpu_and_memory_limits(synthesis) -> None:
+    """Init, data-prep and results containers share a GPU node with a trainer: each is bounded."""
+    data_prep = synthesis.one("Job", "data-prep")["spec"]["template"]["spec"]
+    results = synthesis.one("Pod", "results")["spec"]
+    others = [*synthesis.pod_spec["initContainers"], *data_prep["initContainers"], *data_prep["containers"],
+              *results["containers"]]
+    for container in others:
+        limits = container["resources"]["limits"]
+        assert {"cpu", "memory"} <= limits.keys(), container["name"]
+        assert limits["memory"] == container["resources"]["requests"]["memory"]

@@ -111,7 +111,7 @@ def test_results_copies_and_always_deletes_the_pod(run, fake_kubectl, tmp_path: 
     copied = [c[-1] for c in calls if c[0] == "cp"]
     assert copied == ["runs/r1/results.json", "runs/r1/events.jsonl", "runs/r1/settings.json", "runs/r1/report"]
     assert "# events.jsonl not copied (not written to /fsx/runs/r1?); skipped" in out  # the fake fails that copy
-    assert calls[-1] == ["delete", "pod", "results-r1", "--ignore-not-found", "--wait=false"]
+    assert calls[-1] == ["delete", "pod,networkpolicy", "results-r1", "--ignore-not-found", "--wait=false"]
     assert (tmp_path / "runs/r1").is_dir()
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from config.training import GROUPS, TrainConfig
-
+from k8s import image
 from scripts.nvrx_eks import main
 
 NS = "kubectl --namespace nvrx"
@@ -20,7 +21,11 @@ PART_OF = "app.kubernetes.io/part-of=nvrx-eks"
 def run(outputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
     """Run the wrapper in-process with --dry-run; returns (exit code, stdout lines, stderr)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PATH", str(tmp_path / "no-kubectl-here"))  # dry-run must not need kubectl
+    # Dry runs must not need kubectl; git names the default image by the commit.
+    only_git = tmp_path / "only-git"
+    only_git.mkdir()
+    (only_git / "git").symlink_to(shutil.which("git"))
+    monkeypatch.setenv("PATH", str(only_git))
 
     def call(*argv: str, outputs_path: Path | None = outputs) -> tuple[int, list[str], str]:
         extra = ["--outputs", str(outputs_path)] if outputs_path else []
@@ -117,7 +122,7 @@ def test_results(run, tmp_path: Path) -> None:
         f"{NS} cp --container results results-r1:/fsx/runs/r1/results.json runs/r1/results.json",
     ]
     assert f"{NS} cp --container results results-r1:/fsx/runs/r1/report runs/r1/report" in out
-    assert out[-2] == f"{NS} delete pod results-r1 --ignore-not-found --wait=false"
+    assert out[-2] == f"{NS} delete pod,networkpolicy results-r1 --ignore-not-found --wait=false"
     assert not (tmp_path / "runs").exists()  # dry-run copies nothing
     assert not (tmp_path / "dist").exists()  # and writes no manifest
 
@@ -198,4 +203,11 @@ def test_outputs_for_another_profile(run, tmp_path: Path, outputs: Path) -> None
 def test_image_reference_for_make_image(run) -> None:
     code, out, _ = run("image")
     assert code == 0
-    assert out == ["123456789012.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:latest"]
+    assert out == [f"123456789012.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:{image.commit_tag()}"]
+    code, out, _ = run("image", "--image-tag", "nvrx-0.4.1")
+    assert code == 0 and out == ["123456789012.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:nvrx-0.4.1"]
+
+
+def test_make_image_refuses_latest(run) -> None:
+    code, out, err = run("image", "--image-tag", "latest")
+    assert code == 2 and out == [] and "image tag 'latest' moves with every push" in err

@@ -20,8 +20,8 @@ import torch.distributed as dist
 from trainer.accounting.events import EventLog
 from trainer.atomic import read_json, write_json_atomic
 from trainer.buffers import HostBuffer, Layout, host_copy_stream
-from trainer.durable.state import local_tensors, restore, shard_layout
-from trainer.durable.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
+from trainer.durable.state import local_tensors, overlapping_ranks, restore, shard_layout
+from trainer.durable.store import (CheckpointError, CheckpointStore, SaveStats, ShardFile, ShardWrite,
                                    MANIFEST, StorageError, error_file, follow_worker, step_dir_name,
                                    write_shard)
 from trainer.recovery.phases import injected_delay
@@ -352,13 +352,26 @@ class CheckpointManager:
         self._in_flight = None
 
     # -- restoring ---------------------------------------------------------------------------
-    def _shards_for(self, path: Path, manifest: dict) -> list[LoadedShard]:
-        """The saved shards this rank needs: its own at the same world size, else all of them."""
-        ranks = [self.rank] if manifest["world_size"] == self.world_size else range(
-            manifest["world_size"])
+    def _candidates(self) -> list[tuple[int, int]]:
+        """(step, saved world size) of every committed checkpoint that passes the cheap checks,
+        newest first: rank 0 reads the manifests and checks their shards' sizes (its work per
+        checkpoint grows with the world, once per restore), every rank gets the short list."""
+        found = [(step, m["world_size"]) for step, _, m in self.store.candidates()] \
+            if self.rank == 0 else None
+        box = [found]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _shards_for(self, step: int, saved_world: int, model) -> list[ShardFile]:
+        """The saved shards this rank needs, read through their markers: its own, whole, at the
+        same world size; else only the rows it owns of the shards that overlap them."""
+        if saved_world == self.world_size:
+            shard = self.store.open_shard(step, self.rank)
+            shard.load_all()
+            return [shard]
         shards = []
-        for r in ranks:
-            shards.append(self.store.load_shard(path, manifest, r))
+        for r in overlapping_ranks(model, saved_world):
+            shards.append(self.store.open_shard(step, r))
             self.keepalive()
         return shards
 
@@ -373,7 +386,7 @@ class CheckpointManager:
             for step in self.store.commit_complete():
                 self.log(f"committed checkpoint step {step}: all shards had landed before the fault")
         dist.barrier()
-        candidates = self.store.candidates()
+        candidates = self._candidates()
         if not candidates:
             if self.rank == 0:
                 self.store.discard_after(-1)  # partial ones of a run that never committed
@@ -382,27 +395,31 @@ class CheckpointManager:
                                       "(--resume required)")
             return None
         errors = []
-        for step, path, manifest in candidates:
+        for step, saved_world in candidates:
             t0 = time.time()
             shards, err = None, ""
             try:
-                shards = self._shards_for(path, manifest)
-            except (CheckpointError, OSError, KeyError) as exc:
-                err = str(exc)
+                shards = self._shards_for(step, saved_world, model)
+                restore(model, optimizer, shards)
+            except (CheckpointError, OSError, KeyError, ValueError) as exc:
+                shards, err = None, str(exc)
             ok = torch.tensor([0 if shards is None else 1], device=self.device)
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
             if int(ok.item()) == 1:
-                restore(model, optimizer, [(s.tensors, s.meta["params"]) for s in shards])
                 meta = shards[0].meta  # step, data cursor and RNG are the same in every shard
                 nbytes = sum(s.bytes for s in shards)
+                for s in shards:
+                    s.close()
                 self.events.emit("ckpt_load", step=step, tier="durable", bytes=nbytes,
-                                 seconds=time.time() - t0, saved_world_size=manifest["world_size"])
+                                 seconds=time.time() - t0, saved_world_size=saved_world,
+                                 shards_read=len(shards))
                 if self.rank == 0:
                     self.store.discard_after(step)
                 return meta
             if err:
-                self.log(f"rank {self.rank}: skipping checkpoint {path}: {err}")
-            errors.append(path.name)
+                self.log(f"rank {self.rank}: skipping checkpoint "
+                         f"{self.store.root / step_dir_name(step)}: {err}")
+            errors.append(step_dir_name(step))
         raise CheckpointError(f"none of the {len(candidates)} committed checkpoints in "
                               f"{self.store.root} could be loaded by every rank "
                               f"({', '.join(errors)}); refusing to restart from step 0")

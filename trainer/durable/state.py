@@ -8,7 +8,7 @@ them. With M == N that is exactly its own file.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -68,9 +68,42 @@ def shard_layout(model: torch.nn.Module) -> dict[str, dict]:
     return out
 
 
+class Shard(Protocol):
+    """Saved state of one rank: its parameters' row ranges, and rows of any tensor by name."""
+
+    params: Mapping[str, dict]
+
+    def get(self, key: str, lo: int = 0, hi: Optional[int] = None) -> torch.Tensor: ...
+
+
+class TensorShard:
+    """A shard already in memory: views of a flat buffer (a snapshot slot, a mapped file)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], params: Mapping[str, dict]):
+        self.tensors, self.params = tensors, params
+
+    def get(self, key: str, lo: int = 0, hi: Optional[int] = None) -> torch.Tensor:
+        t = self.tensors[key]
+        return t if t.dim() == 0 else t[lo:hi]
+
+
+def overlapping_ranks(model: torch.nn.Module, saved_world: int) -> list[int]:
+    """The ranks of a checkpoint saved at `saved_world` whose rows this rank needs: about
+    saved_world / world of them, whatever the world size, instead of every saved shard."""
+    needed: set[int] = set()
+    for _, p in model.named_parameters():
+        start, rows = row_range(p)
+        if p.dim() == 0 or rows == 0:
+            continue
+        per = -(-p.shape[0] // saved_world)
+        needed.update(range(start // per, (start + rows - 1) // per + 1))
+    return sorted(needed) or [0]
+
+
 def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            shards: Iterable[tuple[Mapping[str, torch.Tensor], Mapping[str, dict]]]) -> None:
-    """Fill this rank's state from saved shards (tensors, layout) of any world size."""
+            shards: Iterable[Shard]) -> None:
+    """Fill this rank's state from saved shards of any world size, reading only the rows it
+    owns from each."""
     ensure_optimizer_state(model, optimizer)
     shards = list(shards)
     mine = {name: (p, row_range(p)) for name, p in model.named_parameters()}
@@ -78,27 +111,26 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         for name, (p, (start, rows)) in mine.items():
             st = optimizer.state[p]
             targets = {"model": _local(p), **{k: _local(st[k]) for k in OPTIM_KEYS}}
-            filled = 0
-            for tensors, layout in shards:
-                saved = layout[name]
+            filled, stepped = 0, False
+            for shard in shards:
+                saved = shard.params[name]
                 if list(p.shape) != saved["shape"]:
                     raise ValueError(f"checkpoint parameter {name} has shape {saved['shape']}, "
                                      f"the model has {list(p.shape)}: a different model")
-                if p.dim() == 0:
-                    lo, hi, s0 = 0, 1, 0
-                else:
-                    s0, s1 = saved["row_start"], saved["row_start"] + saved["rows"]
-                    lo, hi = max(start, s0), min(start + rows, s1)
-                    if lo >= hi:
-                        continue
+                s0 = saved["row_start"]
+                lo, hi = (0, 1) if p.dim() == 0 else (max(start, s0), min(start + rows, s0 + saved["rows"]))
+                if lo >= hi:
+                    continue
                 for key, dst in targets.items():
                     src_name = f"model/{name}" if key == "model" else f"optim/{name}/{key}"
-                    src = tensors[src_name]
                     if p.dim() == 0:
-                        dst.copy_(src)
+                        dst.copy_(shard.get(src_name))
                     else:  # non-blocking: from pinned memory it overlaps the next copies
-                        dst[lo - start:hi - start].copy_(src[lo - s0:hi - s0], non_blocking=True)
-                st["step"].copy_(tensors[f"optim/{name}/step"])
+                        dst[lo - start:hi - start].copy_(shard.get(src_name, lo - s0, hi - s0),
+                                                         non_blocking=True)
+                if not stepped:
+                    st["step"].copy_(shard.get(f"optim/{name}/step"))
+                    stepped = True
                 filled += (hi - lo)
                 if p.dim() == 0:
                     break

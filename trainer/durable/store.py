@@ -123,12 +123,15 @@ class ChunkedSha256:
         return borrowed
 
     def hexdigest(self) -> str:
+        return _combine(self.digests())
+
+    def digests(self) -> list[bytes]:
+        """Each chunk's digest, in order: what a reader of part of the file verifies against."""
         if self._pending:
             self._futures.append(self._pool.submit(_digest, bytes(self._pending)))
             self._pending = bytearray()
-        digests = [f.result() for f in self._futures]
         self._pool.shutdown()
-        return _combine(digests)
+        return [f.result() for f in self._futures]
 
 
 def _digest(chunk: bytes) -> bytes:
@@ -254,19 +257,113 @@ def _write_shard(req: ShardWrite) -> dict:
         raise
     os.replace(tmp, final)
     fsync_dir(out)
+    chunks = hw.sha.digests()
     marker = {"step": req.step, "rank": req.rank, "world_size": req.world_size,
-              "file": final.name, "bytes": hw.bytes, "sha256": hw.sha.hexdigest(),
+              "file": final.name, "bytes": hw.bytes, "sha256": _combine(chunks),
+              "chunk_bytes": _HASH_CHUNK, "chunks": [d.hex() for d in chunks],
               "write_seconds": time.time() - t0, "done_at": time.time()}
     write_json_atomic(out / marker_name(req.rank), marker)
     return marker
 
 
-@dataclass
-class LoadedShard:
-    tensors: dict[str, "torch.Tensor"]
-    meta: dict
-    layout: dict
-    bytes: int
+class ShardFile:
+    """One saved shard, read through its marker's chunk digests: every byte it hands out has
+    been checked, and only the chunks that hold the requested bytes are read.
+
+    A resume at the same world size reads the whole file (`load_all`); a resume at another
+    one reads, from each saved shard that overlaps its rows, only those rows (`get`)."""
+
+    def __init__(self, path: Path, marker: dict):
+        import torch
+
+        self.path, self.marker = path, marker
+        self.bytes = int(marker["bytes"])
+        self.chunk_bytes = int(marker.get("chunk_bytes", _HASH_CHUNK))
+        self._digests = [bytes.fromhex(d) for d in marker.get("chunks", [])]
+        if _combine(self._digests) != marker["sha256"]:
+            raise CheckpointError(f"{path}: its marker's chunk digests do not combine to its "
+                                  "sha256")
+        size = path.stat().st_size if path.is_file() else -1
+        if size != self.bytes:
+            raise CheckpointError(f"{path}: {size} bytes on disk, its marker says {self.bytes}")
+        self._fd: Optional[int] = os.open(path, os.O_RDONLY)
+        self._cache: dict[int, bytes] = {}
+        try:
+            self._data_start = self._locate_flat()
+            self._chunks(0, self._data_start)  # the pickle before the data: checked before read
+            obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except CheckpointError:
+            self.close()
+            raise
+        except Exception as exc:  # a corrupt zip raises many different types
+            self.close()
+            raise CheckpointError(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from None
+        from trainer.buffers import Layout
+
+        self.meta, self.layout = obj["meta"], Layout.from_json(obj["layout"])
+        self._mapped = obj["flat"]  # mapped, not read: `load_all` reads it, `get` never does
+        self.params: dict[str, dict] = self.meta["params"]
+        self._fields = {f.name: f for f in self.layout.fields}
+
+    def _locate_flat(self) -> int:
+        """Where the flat tensor's bytes start in the file (torch.save stores them uncompressed,
+        as the zip entry `*/data/0`)."""
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(self.path) as z:
+                info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+        except (zipfile.BadZipFile, StopIteration, OSError) as exc:
+            raise CheckpointError(f"{self.path}: not a shard file ({exc})") from None
+        header = os.pread(self._fd, 30, info.header_offset)
+        name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+        return info.header_offset + 30 + name_len + extra_len
+
+    def _chunks(self, lo: int, hi: int) -> bytes:
+        """File bytes [lo, hi), from whole chunks each checked against its digest."""
+        out = bytearray()
+        for i in range(lo // self.chunk_bytes, -(-hi // self.chunk_bytes)):
+            data = self._cache.get(i)
+            if data is None:
+                data = os.pread(self._fd, self.chunk_bytes, i * self.chunk_bytes)
+                if i >= len(self._digests) or _digest(data) != self._digests[i]:
+                    raise CheckpointError(f"{self.path}: the sha256 of chunk {i} does not match its marker")
+                self._cache = {i: data}  # requests come in file order: one chunk is enough
+            start = i * self.chunk_bytes
+            out += data[max(lo - start, 0):min(hi - start, len(data))]
+        return bytes(out)
+
+    def load_all(self) -> None:
+        """Check the whole file (chunks hashed in parallel), then serve `get` from the mapping."""
+        digest = file_sha256(self.path)
+        if digest != self.marker["sha256"]:
+            raise CheckpointError(f"{self.path}: sha256 {digest[:12]}... does not match its "
+                                  f"marker ({self.marker['sha256'][:12]}...)")
+        self._views = self.layout.views(self._mapped)
+
+    def get(self, key: str, lo: int = 0, hi: Optional[int] = None) -> "torch.Tensor":
+        """Rows [lo, hi) of tensor `key` (all of a 0-dim one)."""
+        import torch
+
+        from trainer.buffers import dtype_of
+
+        views = getattr(self, "_views", None)
+        if views is not None:
+            t = views[key]
+            return t if t.dim() == 0 else t[lo:hi]
+        f = self._fields[key]
+        dtype = dtype_of(f.dtype)
+        row = f.nbytes // f.shape[0] if f.shape else f.nbytes
+        stop = (f.shape[0] if hi is None else hi) if f.shape else 1
+        begin = self._data_start + f.offset + (lo if f.shape else 0) * row
+        raw = self._chunks(begin, begin + (stop - (lo if f.shape else 0)) * row)
+        t = torch.frombuffer(bytearray(raw), dtype=dtype)
+        return t.reshape(-1, *f.shape[1:]) if f.shape else t.reshape(())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class CheckpointStore:
@@ -403,24 +500,19 @@ class CheckpointStore:
                 shutil.rmtree(path, ignore_errors=True)
 
     # -- load --------------------------------------------------------------------------------
-    def load_shard(self, path: Path, manifest: dict, rank: int, verify: bool = True) -> LoadedShard:
-        import torch
-
-        entry = manifest["shards"][rank]
-        f = path / entry["file"]
-        if verify:
-            digest = file_sha256(f)
-            if digest != entry["sha256"]:
-                raise CheckpointError(f"{f}: sha256 {digest[:12]}... does not match the manifest "
-                                      f"({entry['sha256'][:12]}...)")
+    def marker(self, step: int, rank: int) -> dict:
+        """Rank `rank`'s marker of committed step `step`: its size and chunk digests."""
+        m = self.root / step_dir_name(step) / marker_name(rank)
         try:
-            obj = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
-        except Exception as exc:  # a corrupt zip raises many different types
-            raise CheckpointError(f"{f}: cannot be loaded ({type(exc).__name__}: {exc})") from None
-        from trainer.buffers import Layout
+            return json.loads(m.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{m}: unreadable marker ({exc})") from None
 
-        tensors = Layout.from_json(obj["layout"]).views(obj["flat"])
-        return LoadedShard(tensors, obj["meta"], obj["layout"], entry["bytes"])
+    def open_shard(self, step: int, rank: int) -> ShardFile:
+        """Saved rank `rank`'s shard of committed step `step`, read through its marker: one
+        file opened, nothing of any other rank."""
+        marker = self.marker(step, rank)
+        return ShardFile(self.root / step_dir_name(step) / marker["file"], marker)
 
 
 @dataclass

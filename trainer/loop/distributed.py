@@ -55,3 +55,9 @@ def init_process_group(env: DistEnv, timeout_s: float, store: Optional[dist.Stor
     if env.device.type == "cuda":
         kwargs["device_id"] = env.device
     dist.init_process_group(**kwargs)
+
+
+def pg_store() -> dist.Store:
+    """The default process group's store: small keys every rank sets or reads a few of, where
+    a collective would move the whole world's data (the snapshot agreement, for one)."""
+    return dist.distributed_c10d._get_default_store()

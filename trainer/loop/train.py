@@ -33,7 +33,7 @@ from trainer.loop.hooks import Hooks
 from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
 from trainer.loop.parallel import build_sharded_model
 from trainer.loop.profiling import StepProfiler, profile_line
-from trainer.loop.weights import full_param_sha256, initialize_weights
+from trainer.loop.weights import initialize_weights, param_fingerprint
 from trainer.recovery.phases import join_interrupted
 from trainer.tiers import Tiers
 
@@ -334,10 +334,10 @@ class Loop:
         return meta
 
     def finish(self) -> dict:
-        """The final checkpoint and this rank's summary. The hash's all-gathers come first: in
-        tiers.finish, rank 0 publishes the final checkpoint after the last collective, so no
-        rank waits for that in a collective."""
-        param_sha256 = full_param_sha256(self.model)
+        """The final checkpoint and this rank's summary. The fingerprint's all-reduce comes
+        first: in tiers.finish, rank 0 publishes the final checkpoint after the last collective,
+        so no rank waits for that in a collective."""
+        param_sha256 = param_fingerprint(self.model)
         self.tiers.finish(self.step, self.model, self.optimizer, self.meta)
         self.faults.close()
         return {"steps_completed": self.step, "final_loss": self.last_loss,

@@ -10,6 +10,7 @@ complete step. A restore's transfers go over the same group.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import timedelta
@@ -24,11 +25,27 @@ from trainer.buffers import HostBuffer, Layout
 from trainer.snapshots.slot import Slot, replica_files, stamp
 
 _CHUNK = 256 << 20  # transfers go in pieces: bounded gloo messages, steady progress
+LAZY_INIT_ENV = "TORCH_GLOO_LAZY_INIT"
 
 
 def predecessor(rank: int, local_world_size: int, world_size: int) -> int:
     """Whose replica `rank` holds: the same local rank on the previous node."""
     return (rank - local_world_size) % world_size
+
+
+def lazy_gloo_group(timeout_s: float):
+    """A gloo group over every rank whose pairs connect on first use: a rank talks to its
+    successor, its predecessor and, in a restore, the holder of its shard, so connecting the
+    full mesh up front (N - 1 connections per rank, at every attempt) would be all waste."""
+    before = os.environ.get(LAZY_INIT_ENV)
+    os.environ[LAZY_INIT_ENV] = "1"  # read when the group is made
+    try:
+        return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    finally:
+        if before is None:
+            os.environ.pop(LAZY_INIT_ENV, None)
+        else:
+            os.environ[LAZY_INIT_ENV] = before
 
 
 class PeerLink:
@@ -64,7 +81,7 @@ class PeerLink:
         bounded like any collective, so a peer that failed before joining cannot hold this
         rank (or its next attempt) for long."""
         if self.world_size > self.local_world_size:
-            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+            self._group = lazy_gloo_group(timeout_s)
 
     # -- replication -------------------------------------------------------------------------
     def due(self, ready: bool) -> bool:

@@ -11,10 +11,19 @@ import torch
 import torch.distributed as dist
 
 from trainer.accounting.events import EventLog
+from trainer.loop.distributed import pg_store
 from trainer.snapshots import agreement
 from trainer.snapshots.own import OwnSlots
 from trainer.snapshots.peer import PeerLink
 from trainer.snapshots.slot import Slot
+
+
+def _restore_prefix(store: dist.Store, rank: int) -> str:
+    """Store keys of this restore only: a launcher's store outlives its workers' attempts."""
+    if rank == 0:
+        store.add("snapshots/restores", 1)
+    dist.barrier()
+    return f"snapshots/{store.add('snapshots/restores', 0)}"
 
 
 class Restored(NamedTuple):
@@ -75,15 +84,20 @@ class Snapshotter:
     def restore(self, newer_than: Optional[int], fresh: bool) -> Optional[Restored]:
         """Every rank: agree on the newest step whose every shard some node holds and, if it is
         newer than `newer_than` (the durable tier's), get this rank's shard of it. `fresh`: this
-        process has just started, so an own slot counts as the node tier, not memory."""
-        inventories: list = [None] * self.world_size
-        dist.all_gather_object(inventories, agreement.inventory(self.root, self.world_size))
-        step = agreement.choose(inventories, self.world_size)
+        process has just started, so an own slot counts as the node tier, not memory. Per rank,
+        a fixed number of store operations and collectives of fixed size (`agreement`)."""
+        store = pg_store()
+        prefix = _restore_prefix(store, self.rank)
+        mine = agreement.served(self.root, self.rank, self.local_world_size, self.world_size)
+        agreement.publish(store, prefix, mine)
+        dist.barrier()
+        available = agreement.lookup(store, prefix, self.rank)
+        step = agreement.agree(available, self.rank, self.own.device)
         if step is None or (newer_than is not None and newer_than > step):
             return None
-        flat, meta, tier = agreement.restore_shard(step, inventories, fresh, rank=self.rank,
-                                                   world_size=self.world_size, own=self.own,
-                                                   link=self.peer)
+        flat, meta, tier = agreement.restore_shard(step, available, mine, store, prefix, fresh,
+                                                   rank=self.rank, world_size=self.world_size,
+                                                   own=self.own, link=self.peer)
         dist.barrier()  # every transfer is done: node files of ranks now elsewhere can go
         if self.rank % self.local_world_size == 0:
             first = self.rank - self.rank % self.local_world_size

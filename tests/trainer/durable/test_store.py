@@ -35,9 +35,11 @@ def test_commit_needs_every_marker_and_moves_latest(tmp_path):
     store.commit(10, store.ready_markers(10, 2), {})
     assert store.latest_step() == 10
     assert json.loads((tmp_path / "latest").read_text())["step"] == 10
-    shard = store.load_shard(tmp_path / step_dir_name(10), store.candidates()[0][2], 1)
-    assert torch.equal(shard.tensors["w"], torch.full((4, 3), 2.0))
-    assert torch.equal(shard.tensors["b"], torch.arange(5, dtype=torch.bfloat16))
+    assert [s for s, _, _ in store.candidates()] == [10]
+    shard = store.open_shard(10, 1)
+    shard.load_all()
+    assert torch.equal(shard.get("w"), torch.full((4, 3), 2.0))
+    assert torch.equal(shard.get("b"), torch.arange(5, dtype=torch.bfloat16))
 
 
 def test_retention_keeps_newest_and_drops_abandoned_partials(tmp_path):
@@ -86,9 +88,8 @@ def test_corrupted_shard_fails_its_checksum(tmp_path):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    step, path, manifest = store.candidates()[0]
     with pytest.raises(CheckpointError, match="sha256"):
-        store.load_shard(path, manifest, 0)
+        store.open_shard(5, 0).load_all()
 
 
 def test_marker_that_disagrees_with_its_shard_is_an_error(tmp_path):
@@ -98,3 +99,53 @@ def test_marker_that_disagrees_with_its_shard_is_an_error(tmp_path):
     with pytest.raises(CheckpointError, match="does not match"):
         store.ready_markers(5, 1)
     assert json.loads((tmp_path / step_dir_name(5) / marker_name(0)).read_text())["rank"] == 0
+
+
+def _big_tensors(value: float) -> dict:
+    """A shard of several chunks (rows of 1 KiB), so that reading rows touches only some."""
+    return {"w": torch.full((3000, 256), value), "v": torch.arange(2048, dtype=torch.float32)}
+
+
+def _write_big(root, chunk_bytes: int, monkeypatch) -> dict:
+    import trainer.durable.store as store_module
+
+    monkeypatch.setattr(store_module, "_HASH_CHUNK", chunk_bytes)
+    tensors = _big_tensors(3.0)
+    tensors["w"][1234] = 7.0
+    buf = HostBuffer(root / "buf", Layout.of(tensors), pin=False)
+    buf.stage(tensors)
+    req = ShardWrite(str(buf.path), buf.layout.to_json(), {"step": 1, "params": {}},
+                     str(root / step_dir_name(1)), 0, 1, 1)
+    return write_shard(req)
+
+
+def test_rows_are_read_from_verified_chunks_only(tmp_path, monkeypatch):
+    """A resume at another world size reads the rows it owns: only the chunks that hold them
+    are read, each checked against its digest."""
+    marker = _write_big(tmp_path, 64 << 10, monkeypatch)
+    assert len(marker["chunks"]) > 40 and marker["chunk_bytes"] == 64 << 10
+    store = CheckpointStore(tmp_path)
+    store.commit(1, [marker], {})
+    shard = store.open_shard(1, 0)
+    reads = []
+    real_pread = __import__("os").pread
+    monkeypatch.setattr("trainer.durable.store.os.pread",
+                        lambda fd, n, off: reads.append((n, off)) or real_pread(fd, n, off))
+    rows = shard.get("w", 1230, 1240)
+    assert rows.shape == (10, 256) and float(rows[4, 0]) == 7.0 and float(rows[0, 0]) == 3.0
+    assert sum(n for n, _ in reads) <= 2 * (64 << 10)  # one or two chunks, not the file
+    assert torch.equal(shard.get("v", 100, 104), torch.arange(100, 104, dtype=torch.float32))
+
+
+def test_a_damaged_chunk_is_refused_when_read(tmp_path, monkeypatch):
+    marker = _write_big(tmp_path, 64 << 10, monkeypatch)
+    store = CheckpointStore(tmp_path)
+    store.commit(1, [marker], {})
+    path = tmp_path / step_dir_name(1) / shard_name(0)
+    data = bytearray(path.read_bytes())
+    data[-200_000] ^= 0xFF  # inside w's rows near the end
+    path.write_bytes(bytes(data))
+    shard = store.open_shard(1, 0)
+    assert shard.get("w", 0, 4).shape == (4, 256)  # chunks far from the damage still read
+    with pytest.raises(CheckpointError, match="sha256 of chunk .* does not match its marker"):
+        shard.get("w", 2000, 3000)

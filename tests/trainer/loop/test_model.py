@@ -40,7 +40,7 @@ def test_weights_from_a_local_directory_are_loaded_exactly(tmp_path, one_rank_gr
 
 def _build_everything(rank: int, world: int, port: int, hf_dirs: dict, out: str) -> None:
     """One rank of a real gloo job: every way a model starts, as full tensors (rank 0 saves)."""
-    from trainer.loop.weights import FULL_INIT_MAX_BYTES, full_param_sha256
+    from trainer.loop.weights import FULL_INIT_MAX_BYTES, param_fingerprint
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
@@ -53,7 +53,7 @@ def _build_everything(rank: int, world: int, port: int, hf_dirs: dict, out: str)
         for label, (ref, max_bytes) in sources.items():
             model = build_sharded_model(ref, 11, env, param_bytes=1, full_init_max_bytes=max_bytes)
             found[label] = ({n: p.full_tensor().detach() for n, p in model.named_parameters()},
-                            full_param_sha256(model), model.training)
+                            param_fingerprint(model), model.training)
         if rank == 0:
             torch.save(found, out)
         dist.barrier()
