@@ -160,6 +160,8 @@ def _hub_batches(source: str, hub: HubDataset, text_field: str,
 def _texts(ds, text_field: str, batch_size: int, where: str) -> Iterator[list[str]]:
     """The `text_field` column of a streamed dataset, batch by batch, checked: a missing field
     is refused with the fields there are; a document whose field is not text, by its index."""
+    if ds.column_names == []:  # a file of blank lines: no fields, no documents
+        return
     if ds.column_names is not None and text_field not in ds.column_names:
         raise _missing_field(text_field, where, ds.column_names)
     seen = 0

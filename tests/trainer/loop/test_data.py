@@ -287,15 +287,26 @@ def test_a_document_that_is_not_text_is_refused_by_its_index(tmp_path, capsys):
         f"error: --text_field 'text' of document 2 in {source} is NoneType, not text"]
 
 
-@pytest.mark.parametrize("make, fragment", [
-    (lambda d: d / "missing.jsonl", "is not an existing file or directory; allowed: local, c4, hf:"),
-    (lambda d: (d / "notes.txt").write_text("x") and d / "notes.txt", "is not a .jsonl/.json/"),
-    (lambda d: (d / "empty").mkdir() or d / "empty", "holds no .jsonl/.json/"),
-    (lambda d: (d / "none.jsonl").write_text("") and d / "none.jsonl" or d / "none.jsonl",
-     "holds no documents"),
+def _file(directory, name, text=None):
+    """`directory / name`: a directory if the name ends with '/', else written with `text`
+    if any."""
+    path = directory / name
+    if name.endswith("/"):
+        path.mkdir()
+    elif text is not None:
+        path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name, text, fragment", [
+    ("missing.jsonl", None, "is not an existing file or directory; allowed: local, c4, hf:"),
+    ("notes.txt", "x", "is not a .jsonl/.json/"),
+    ("empty/", None, "holds no .jsonl/.json/"),
+    ("empty.jsonl", "", "holds no documents"),
+    ("blank.jsonl", "\n\n", "holds no documents"),
 ])
-def test_a_source_that_is_not_one_is_refused(tmp_path, capsys, make, fragment):
-    source = make(tmp_path)
+def test_a_source_that_is_not_one_is_refused(tmp_path, capsys, name, text, fragment):
+    source = _file(tmp_path, name, text)
     assert main(["prepare", "--source", str(source), "--output", str(tmp_path / "out")]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and fragment in lines[0] and str(source) in lines[0], lines
