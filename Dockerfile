@@ -42,8 +42,9 @@ RUN apt-get update \
 ENV PATH=/opt/amazon/efa/bin:${PATH} \
     LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}
 
-# The project with the [trainer] extra only. torch stays the base image's CUDA build (a
-# constraint on its exact version stops pip from replacing it from PyPI); NVRx is pinned.
+# The project with the [trainer] extra only, which includes [data] (`datasets` for the data-prep
+# Job). torch stays the base image's CUDA build (a constraint on its exact version stops pip
+# from replacing it from PyPI); NVRx is pinned.
 WORKDIR /opt/nvrx-eks
 COPY pyproject.toml README.md ./
 COPY config/ config/
@@ -68,6 +69,7 @@ RUN python -c "import ctypes, sys; lib = ctypes.CDLL('/opt/amazon/ofi-nccl/lib/x
     && python -m trainer --help > /dev/null \
     && python -m trainer.recovery.launch --help > /dev/null \
     && python -m trainer.loop.data --help > /dev/null \
+    && python -c "import datasets" \
     && ft_launcher --help > /dev/null \
     && python -c "import importlib.metadata as m, sys; v = m.version('nvidia-resiliency-ext'); sys.exit(0 if v == '${NVRX_VERSION}' else 'nvidia-resiliency-ext ' + v + ' != ${NVRX_VERSION}')"
 

@@ -185,9 +185,11 @@ TrainerSettings = _trainer_section()
 class DataSettings(_Strict):
     """The data-prep Job: what it tokenizes onto FSx, with which tokenizer."""
 
-    source: str = "c4"  # c4, a Hugging Face dataset id, or a path on FSx (.jsonl, .parquet, a directory)
-    samples: int = Field(default=100_000, ge=1)  # documents to take
-    text_field: str = "text"
+    # c4 (hf:allenai/c4:en:train), a hub dataset hf:REPO[:CONFIG[:SPLIT]], or a path on FSx: a
+    # .jsonl or .parquet file or a directory of them (`python -m trainer.loop.data prepare --help`)
+    source: str = "c4"
+    samples: int = Field(default=100_000, ge=1)  # documents to take, from the start
+    text_field: str = Field(default="text", min_length=1)  # the field holding each document's text
     # None: the model's own (config.presets.TOKENIZERS); "byte" for tiny test runs.
     tokenizer: Optional[str] = None
 

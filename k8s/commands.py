@@ -57,14 +57,19 @@ def training_command(dep: Deployment) -> tuple[list[str], list[str]]:
     return argv[:3], [*argv[3:], "--", *trainer_argv(dep)]
 
 
-def data_prep_command(dep: Deployment) -> tuple[list[str], list[str]]:
+def data_prep_command(dep: Deployment, num_proc: int) -> tuple[list[str], list[str]]:
+    """The profile's `data:` section as the data-prep Job's flags, with `num_proc` tokenizing
+    processes: one per CPU of the pod, said outright rather than read back from its cgroup."""
+    data = dep.profile.data
     return (
         ["python", "-m", "trainer.loop.data"],
         [
             "prepare",
-            "--source", dep.profile.data.source,
-            "--num_samples", str(dep.profile.data.samples),
+            "--source", data.source,
+            "--text_field", data.text_field,
+            "--num_samples", str(data.samples),
             "--tokenizer", dep.tokenizer,
+            "--num_proc", str(num_proc),
             "--output", dep.data_dir,
         ],
     )  # fmt: skip

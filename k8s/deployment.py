@@ -124,9 +124,12 @@ class Deployment:
 
     @property
     def data_dir(self) -> str:
-        """One directory per (source, tokenizer, size): data of another model never mixes in."""
+        """One directory per (source, tokenizer, size, and text field where it is not the
+        default): data of another model or another field never mixes in."""
         data = self.profile.data
         parts = (data.source, self.tokenizer, str(data.samples))
+        if data.text_field != type(data).model_fields["text_field"].default:
+            parts += (data.text_field,)
         return f"{self.fsx_mount}/data/" + ".".join(_slug(p) for p in parts)
 
     @property

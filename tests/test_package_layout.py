@@ -36,6 +36,15 @@ def test_the_trainer_extra_carries_no_plotting_or_cloud_sdk():
     assert names.isdisjoint({"matplotlib", "aws-cdk-lib", "cdk8s", "boto3", "pytest"})
 
 
+def test_data_preparation_needs_no_torch_and_the_image_gets_it():
+    """`[data]` alone prepares data on a machine without torch; `[trainer]`, which the image
+    installs, brings it for the data-prep Job."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {req.split(">")[0].split("=")[0].split("<")[0].strip() for req in extras["data"]}
+    assert "datasets" in names and names.isdisjoint({"torch", "nvidia-resiliency-ext"})
+    assert "nvrx-eks[data]" in extras["trainer"]
+
+
 def test_manifest_side_reads_trainer_settings_without_torch():
     code = ("import sys, k8s.resources, k8s.deployment, scripts.plan, trainer.config, "
             "trainer.loop.model; sys.exit('torch' in sys.modules)")

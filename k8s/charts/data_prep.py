@@ -1,8 +1,11 @@
-"""The one-off Job that tokenizes C4 onto FSx before the first run.
+"""The one-off Job that tokenizes the profile's data source (C4 by default) onto FSx before the
+first run.
 
 It runs on a GPU node (tolerating the taint, requesting no GPU) because the trainer image is
 large and already cached there; the system nodes would pull gigabytes for one short job. Its
-NetworkPolicy lets it reach DNS and the Hugging Face hub (HTTPS) and nothing else.
+NetworkPolicy lets it reach DNS and the Hugging Face hub (HTTPS) and nothing else. Bad input (a
+source that is not one, a missing text field) exits 2 and fails the Job at once: retrying
+cannot fix it.
 """
 
 from __future__ import annotations
@@ -13,21 +16,23 @@ from cdk8s import Chart
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from k8s import checkov, commands, image, naming, network_policy, pod
+from k8s import checkov, commands, image, naming, network_policy, pod, restart_policy
 from k8s.charts.base import meta
 from k8s.deployment import HF_TOKEN_MOUNT, SCRATCH_MOUNT, Deployment
 from k8s.environment import hub_job_env
 
-BACKOFF_LIMIT = 3  # network hiccups while streaming C4; more would hide a real error
-CPU = "2"
-MEMORY = "8Gi"
+CONTAINER = "data-prep"
+BACKOFF_LIMIT = 3  # network hiccups while streaming from the hub; more would hide a real error
+TOKENIZING_PROCESSES = 2  # one per CPU of the pod
+CPU = str(TOKENIZING_PROCESSES)
+MEMORY = "8Gi"  # the reading process and each tokenizing one hold a tokenizer and a few batches
 
 
 class DataPrepChart(Chart):
     def __init__(self, scope: Construct, id: str, dep: Deployment) -> None:
         super().__init__(scope, id)
         labels = naming.base_labels(naming.COMPONENT_DATA_PREP)
-        command, args = commands.data_prep_command(dep)
+        command, args = commands.data_prep_command(dep, TOKENIZING_PROCESSES)
         fsx_mount = pod.mount(pod.FSX_VOLUME, dep.fsx_mount)
         prepare = pod.prepare_dirs_container(
             dep.image,
@@ -36,7 +41,7 @@ class DataPrepChart(Chart):
             [fsx_mount],
         )
         container = k8s.Container(
-            name="data-prep",
+            name=CONTAINER,
             image=dep.image.reference,
             image_pull_policy=dep.image.pull_policy,
             command=command,
@@ -75,6 +80,9 @@ class DataPrepChart(Chart):
             metadata=meta(naming.DATA_PREP_JOB, labels, dep.namespace, skips),
             spec=k8s.JobSpec(
                 backoff_limit=BACKOFF_LIMIT,
+                # exit 2 (bad input, named in the log) fails the Job without the retries
+                # BACKOFF_LIMIT grants network errors; a disruption replaces the pod
+                pod_failure_policy=restart_policy.pod_failure_policy(CONTAINER),
                 completions=1,
                 parallelism=1,
                 template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=labels), spec=pod_spec),

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from k8s import commands, naming
+from config import load_profile
+from config.profile import DataSettings
+from k8s import commands, naming, synth
+from k8s.deployment import resolve
+from k8s.outputs import load_outputs
 
 
 def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
@@ -54,23 +58,55 @@ def test_the_pods_open_the_ports_the_launcher_and_its_ranks_use(synthesis) -> No
         (naming.INPROCESS_WRAPPER_PORT, naming.INPROCESS_APP_PORT)
 
 
-def test_data_prep_args_are_accepted(synth_for, monkeypatch: pytest.MonkeyPatch) -> None:
+def _data_prep_seen(manifests: dict[str, list[dict]], monkeypatch: pytest.MonkeyPatch) -> dict:
+    """What the data-prep container's arguments hand to `prepare`, through the real parser."""
     import trainer.loop.data
 
     seen = {}
 
-    def fake_prepare(source: str, num_samples: int, tokenizer: str, output: Path):
-        seen.update(source=source, num_samples=num_samples, tokenizer=tokenizer, output=str(output))
+    def fake_prepare(source: str, num_samples: int, tokenizer: str, output: Path, *,
+                     text_field: str, num_proc: int, progress) -> None:
+        seen.update(source=source, num_samples=num_samples, tokenizer=tokenizer, output=str(output),
+                    text_field=text_field, num_proc=num_proc)
         raise ValueError("stop before any download")
 
     monkeypatch.setattr(trainer.loop.data, "prepare", fake_prepare)
-    synthesis = synth_for("p5", "baseline")
-    container = synthesis.one("Job", "data-prep")["spec"]["template"]["spec"]["containers"][0]
+    [job] = [d for docs in manifests.values() for d in docs if d["kind"] == "Job"
+             and d["metadata"]["labels"]["app.kubernetes.io/component"] == "data-prep"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "trainer.loop.data"]
     assert trainer.loop.data.main(container["args"]) == 2  # the fake's error, after parsing succeeded
-    assert seen == {
+    # one tokenizing process per CPU of the pod
+    resources = container["resources"]
+    assert seen.pop("num_proc") == int(resources["requests"]["cpu"]) == int(resources["limits"]["cpu"])
+    # bad input (exit 2) fails the Job at once; other failures get the Job's retries, and a
+    # disruption (a drained node) replaces the pod without counting
+    ignore, rule = job["spec"]["podFailurePolicy"]["rules"]
+    assert ignore["action"] == "Ignore"
+    assert rule["action"] == "FailJob" and rule["onExitCodes"] == {
+        "containerName": container["name"], "operator": "In", "values": [2]}
+    return seen
+
+
+def test_data_prep_args_are_accepted(synth_for, monkeypatch: pytest.MonkeyPatch) -> None:
+    synthesis = synth_for("p5", "baseline")
+    assert _data_prep_seen(synthesis.manifests, monkeypatch) == {
         "source": "c4",
         "num_samples": synthesis.dep.profile.data.samples,
         "tokenizer": "meta-llama/Llama-3.1-8B",  # the model's own
         "output": synthesis.dep.data_dir,
+        "text_field": "text",
     }
+
+
+def test_the_profiles_data_section_reaches_data_prep(outputs_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = DataSettings(source="hf:HuggingFaceFW/fineweb-edu:sample-10BT", samples=5000,
+                        text_field="content", tokenizer="byte")
+    profile = load_profile("p5").model_copy(update={"data": data})
+    dep = resolve(profile, load_outputs(outputs_file("p5")), mode="baseline", run_id="r1")
+    assert _data_prep_seen(synth.build(dep), monkeypatch) == {
+        "source": data.source, "num_samples": 5000, "tokenizer": "byte",
+        "output": dep.data_dir, "text_field": "content",
+    }
+    # another field is other data: its own directory
+    assert dep.data_dir == "/fsx/data/hf-huggingfacefw-fineweb-edu-sample-10bt.byte.5000.content"

@@ -7,18 +7,24 @@ consumed by all ranks together), which is saved in every checkpoint: after a res
 world size, training continues with exactly the next unseen samples. The permutation is
 computed index by index (a Feistel bijection), so nothing of dataset size is ever built.
 
-Command: `python -m trainer.loop.data prepare --source local|c4|FILE --num_samples N
---tokenizer byte|MODEL_DIR|HUB_ID --output DIR`.
+Preparation reads documents from a source (`trainer.loop.sources`: the bundled corpus, local
+JSON lines or Parquet files, a Hugging Face dataset) and tokenizes them in batches over several
+processes, writing as it goes: `python -m trainer.loop.data prepare --source SOURCE
+--text_field FIELD --num_samples N --tokenizer byte|MODEL_DIR|HUB_ID --num_proc P --output DIR`.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
+import itertools
 import json
+import multiprocessing
 import os
 import shutil
 import sys
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
@@ -26,12 +32,15 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from trainer.errors import ConfigError
+from trainer.loop.sources import LOCAL, SPELLINGS, SourceError, document_batches
 
+BYTE = "byte"
 BYTE_EOS = 256
 BYTE_VOCAB = 258  # 256 bytes + EOS + BOS
-C4_REPO = "allenai/c4"
-C4_FILE = "en/c4-train.{:05d}-of-01024.json.gz"
-
+DEFAULT_TEXT_FIELD = "text"
+BATCH_DOCUMENTS = 1000  # per batch a process tokenizes: large enough to amortize the hand-off
+IN_FLIGHT = 2  # batches read ahead per process: keeps each busy, bounds memory
+PROGRESS_INTERVAL_S = 5.0
 
 TOKEN_DTYPES = ("uint16", "uint32")
 SAMPLE_BYTES = 1 << 16  # per probe of the token file before launch: four probes, 256 KiB
@@ -124,8 +133,8 @@ class ByteTokenizer:
     eos_token_id = BYTE_EOS
     name = "byte"
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
 
     def save(self, path: Path) -> None:
         """Bytes need no files."""
@@ -143,85 +152,159 @@ class HFTokenizer:
         self.eos_token_id = self._tok.eos_token_id
         self.name = ref
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok(text, add_special_tokens=False)["input_ids"]
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self._tok(texts, add_special_tokens=False)["input_ids"]
 
     def save(self, path: Path) -> None:
         self._tok.save_pretrained(path)
 
 
 def get_tokenizer(ref: str):
-    return ByteTokenizer() if ref == "byte" else HFTokenizer(ref)
+    return ByteTokenizer() if ref == BYTE else HFTokenizer(ref)
 
 
-def _c4_documents(limit: int) -> Iterator[str]:
-    """The first `limit` documents of C4 (en), shard by shard, through the Hugging Face hub."""
-    from huggingface_hub import hf_hub_download
-
-    seen, shard = 0, 0
-    while seen < limit:
-        path = hf_hub_download(C4_REPO, C4_FILE.format(shard), repo_type="dataset")
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                yield json.loads(line)["text"]
-                seen += 1
-                if seen >= limit:
-                    return
-        shard += 1
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
 
 
-def _file_documents(path: Path, limit: int) -> Iterator[str]:
-    """Documents of a .jsonl file (field "text") or a text file (blank-line separated)."""
-    if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            docs: Iterable[str] = (json.loads(line)["text"] for line in f if line.strip())
-            for i, d in enumerate(docs):
-                if i >= limit:
-                    return
-                yield d
+def encode_batch(tok, texts: list[str], dtype: np.dtype) -> np.ndarray:
+    """The batch's documents as one run of ids, each document followed by EOS."""
+    eos = np.array([tok.eos_token_id], dtype=dtype)
+    pieces = [part for ids in tok.encode_batch(texts) for part in (np.asarray(ids, dtype), eos)]
+    return np.concatenate(pieces) if pieces else np.empty(0, dtype)
+
+
+def available_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may use: its affinity, bounded by a cgroup v2 CPU quota (a pod's
+    CPU limit, which the affinity does not show: it lists every CPU of the node)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        return cpus if quota == "max" else max(1, min(cpus, int(quota) // int(period)))
+    except (OSError, ValueError):
+        return cpus
+
+
+_worker_state: Optional[tuple] = None  # (tokenizer, dtype), in each tokenizing process
+
+
+def _one_thread_tokenizer(ref: str):
+    """The tokenizer without the Rust library's own thread pool: the processes are the
+    parallelism, so `--num_proc` is the CPUs used, as a pod's CPU request expects."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    return get_tokenizer(ref)
+
+
+def _start_worker(ref: str, dtype: str) -> None:
+    global _worker_state
+    _worker_state = (_one_thread_tokenizer(ref), np.dtype(dtype))
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[int, np.ndarray]:
+    tok, dtype = _worker_state
+    return len(texts), encode_batch(tok, texts, dtype)
+
+
+def encoded_batches(batches: Iterable[list[str]], ref: str, dtype: np.dtype,
+                    num_proc: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(documents, ids) per batch, in the order of `batches`, whatever the number of processes:
+    so the token file is the same byte for byte. At most IN_FLIGHT batches per process are
+    read ahead, so memory does not grow with the dataset. Processes are spawned, not forked:
+    the parent holds threads (the dataset's readers) that a fork would copy mid-step."""
+    if num_proc == 1:
+        tok = _one_thread_tokenizer(ref)
+        yield from ((len(texts), encode_batch(tok, texts, dtype)) for texts in batches)
         return
-    paras = [p.strip() for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
-    yield from paras[:limit]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(num_proc, mp_context=context, initializer=_start_worker,
+                             initargs=(ref, dtype.name)) as pool:
+        pending: deque = deque()
+        try:
+            for texts in batches:
+                pending.append(pool.submit(_encode_in_worker, texts))
+                if len(pending) >= IN_FLIGHT * num_proc:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
-def documents(source: str, limit: int) -> Iterator[str]:
-    if source == "local":
-        from trainer.loop.corpus import documents as local_docs
-
-        return iter(local_docs(limit))
-    if source == "c4":
-        return _c4_documents(limit)
-    path = Path(source)
-    if not path.is_file():
-        raise ValueError(f"--source {source!r} is neither 'local', 'c4' nor an existing file")
-    return _file_documents(path, limit)
+def _si(n: float) -> str:
+    """3 significant figures with k/M/B: 57.3M tokens reads faster than 57300112."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
 
 
-def prepare(source: str, num_samples: int, tokenizer: str, output: Path,
-            replace: bool = True) -> DataMeta:
-    """Tokenize documents into `output`; the directory appears complete or not at all.
+class Progress:
+    """A line every `interval` seconds while a preparation runs: documents of the target,
+    tokens, and their rates. Whole lines, not a bar redrawn with carriage returns, so that a
+    pod's log reads like the terminal."""
+
+    def __init__(self, target: int, interval: float = PROGRESS_INTERVAL_S, out=None,
+                 clock=time.monotonic):
+        self.target, self.interval, self._out, self._clock = target, interval, out, clock
+        self.start = self._last = clock()
+
+    def elapsed(self) -> float:
+        return self._clock() - self.start
+
+    def update(self, docs: int, tokens: int) -> None:
+        now = self._clock()
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        seconds = max(now - self.start, 1e-9)
+        print(f"prepare: {docs:,} of {self.target:,} documents ({100 * docs // self.target}%), "
+              f"{_si(tokens)} tokens; {_si(docs / seconds)} documents/s, "
+              f"{_si(tokens / seconds)} tokens/s; {seconds:.0f} s",
+              file=self._out or sys.stdout, flush=True)
+
+
+def prepare(source: str, num_samples: int, tokenizer: str, output: Path, replace: bool = True,
+            *, text_field: str = DEFAULT_TEXT_FIELD, num_proc: int = 1,
+            batch_size: int = BATCH_DOCUMENTS, progress: Optional[Progress] = None) -> DataMeta:
+    """Tokenize the first `num_samples` documents of `source` into `output`, streaming: batches
+    are read, tokenized (over `num_proc` processes) and written in order, so memory stays
+    bounded and the file is the same at any `num_proc`. The directory appears complete or not
+    at all; a source that cannot be read as asked is refused before anything is written.
 
     With replace=False an existing complete directory wins (ranks racing to make the same data).
     """
+    batches = document_batches(source, text_field, num_samples, batch_size)
+    first = next(batches, None)  # opens the source: a missing field is refused here
+    if first is None:
+        raise SourceError(f"--source {source!r} holds no documents")
     tok = get_tokenizer(tokenizer)
-    dtype = np.uint16 if tok.vocab_size <= 65535 else np.uint32
+    dtype = token_dtype(tok.vocab_size)
     output = Path(output)
     tmp = output.with_name(output.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    total, docs, top = 0, 0, -1
-    with open(tmp / "tokens.bin", "wb") as f:
-        for text in documents(source, num_samples):
-            ids = np.asarray(tok.encode(text) + [tok.eos_token_id], dtype=dtype)
-            f.write(ids.tobytes())
-            total += ids.size
-            docs += 1
-            top = max(top, int(ids.max()))
-        f.flush()
-        os.fsync(f.fileno())
-    meta = DataMeta(total, np.dtype(dtype).name, tok.vocab_size, tok.eos_token_id, tok.name,
-                    source, docs, top)
-    tok.save(tmp / "tokenizer")  # beside the tokens: export and later runs need no download
-    (tmp / "meta.json").write_text(json.dumps(meta.__dict__, indent=1))
+    try:
+        # Beside the tokens (export and later runs need no download); every process tokenizes
+        # with these saved files, so the ids are what a reader of them gets.
+        tok.save(tmp / "tokenizer")
+        ref = BYTE if tokenizer == BYTE else str(tmp / "tokenizer")
+        total, docs, top = 0, 0, -1
+        with open(tmp / "tokens.bin", "wb") as f:
+            for count, ids in encoded_batches(itertools.chain([first], batches), ref, dtype,
+                                              num_proc):
+                f.write(ids.tobytes())
+                total, docs = total + ids.size, docs + count
+                top = max(top, int(ids.max()))
+                if progress:
+                    progress.update(docs, total)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = DataMeta(total, dtype.name, tok.vocab_size, tok.eos_token_id, tok.name, source,
+                        docs, top)
+        (tmp / "meta.json").write_text(json.dumps(meta.__dict__, indent=1))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if output.exists() and replace:
         shutil.rmtree(output)
     try:
@@ -244,7 +327,7 @@ def ensure_local_data() -> Path:
     """Prepare the bundled corpus once per machine (atomic, so concurrent ranks are safe)."""
     path = default_data_path()
     if not (path / "meta.json").exists():
-        prepare("local", 20_000, "byte", path, replace=False)
+        prepare(LOCAL, 20_000, BYTE, path, replace=False)
     return path
 
 
@@ -371,24 +454,54 @@ class GlobalSampler:
         self.cursor = int(state["cursor"])
 
 
+def _one_line(exc: BaseException) -> str:
+    """The libraries' multi-line messages (a hub dataset's configurations, say) as one line."""
+    return " ".join(str(exc).split())
+
+
+def prepare_parser(sub) -> argparse.ArgumentParser:
+    prep = sub.add_parser("prepare", help="tokenize a text dataset into a token file",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    prep.add_argument("--source", default=LOCAL, help=SPELLINGS)
+    prep.add_argument("--text_field", default=DEFAULT_TEXT_FIELD,
+                      help="the field that holds each document's text")
+    prep.add_argument("--num_samples", type=int, default=100_000,
+                      help="documents to take, from the start of the source")
+    prep.add_argument("--tokenizer", default=BYTE, help="byte, a model directory, or a hub id")
+    prep.add_argument("--num_proc", type=int, default=available_cpus(),
+                      help="tokenizing processes; the default is the CPUs available")
+    prep.add_argument("--progress_interval", type=float, default=PROGRESS_INTERVAL_S,
+                      help="seconds between progress lines")
+    prep.add_argument("--output", required=True)
+    return prep
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.loop.data")
     sub = p.add_subparsers(dest="cmd", required=True)
-    prep = sub.add_parser("prepare", help="tokenize a text dataset into a token file")
-    prep.add_argument("--source", default="local", help="local, c4, or a .txt/.jsonl file")
-    prep.add_argument("--num_samples", type=int, default=100_000, help="documents to take")
-    prep.add_argument("--tokenizer", default="byte", help="byte, a model directory, or a hub id")
-    prep.add_argument("--output", required=True)
+    prep = prepare_parser(sub)
     args = p.parse_args(argv)
-    if args.num_samples < 1:
-        p.error(f"--num_samples {args.num_samples} must be at least 1")
+    for flag, value, floor in (("--num_samples", args.num_samples, 1),
+                               ("--num_proc", args.num_proc, 1),
+                               ("--progress_interval", args.progress_interval, 0)):
+        if value < floor:
+            prep.error(f"{flag} {value} must be at least {floor}")
+    if not args.text_field:
+        prep.error("--text_field must name a field")
+    progress = Progress(args.num_samples, args.progress_interval)
     try:
-        meta = prepare(args.source, args.num_samples, args.tokenizer, Path(args.output))
+        meta = prepare(args.source, args.num_samples, args.tokenizer, Path(args.output),
+                       text_field=args.text_field, num_proc=args.num_proc, progress=progress)
+    except ConnectionError as exc:  # the hub unreachable: worth a retry, unlike bad input
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    print(f"{args.output}: {meta.documents} documents, {meta.num_tokens} tokens, "
-          f"vocab {meta.vocab_size} ({meta.tokenizer})")
+    seconds = progress.elapsed()
+    print(f"{args.output}: {meta.documents} documents, {meta.num_tokens} tokens in "
+          f"{seconds:.0f} s ({_si(meta.num_tokens / max(seconds, 1e-9))} tokens/s, --num_proc "
+          f"{args.num_proc}), vocab {meta.vocab_size} ({meta.tokenizer})")
     return 0
 
 
