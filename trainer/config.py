@@ -24,6 +24,7 @@ TIERS = ("memory", "node", "peer")
 RESUME = ("auto", "required", "never")
 DEVICES = ("auto", "cpu", "cuda")
 ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
+COMPUTE_DTYPES = ("auto", "bf16", "fp32")  # trainer.loop.precision
 # Share of each snapshot's bytes that goes through device memory, by --snapshot_staging.
 STAGED_SHARE = {"host": 0.0, "device": 1.0, "split": 0.5}
 SNAPSHOT_STAGING = tuple(STAGED_SHARE)
@@ -57,6 +58,7 @@ class TrainConfig:
     # speed
     compile: bool = False
     activation_checkpointing: str = "none"
+    compute_dtype: str = "auto"
     # checkpoints (durable tier)
     checkpoint_dir: Optional[str] = None
     checkpoint_interval: int = 0
@@ -201,6 +203,10 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                    default=d.activation_checkpointing,
                    help="recompute activations in the backward pass: of every other decoder "
                         "layer (selective) or of all of them (full)")
+    g.add_argument("--compute_dtype", choices=COMPUTE_DTYPES, default=d.compute_dtype,
+                   help="dtype of the forward and backward passes (weights, optimizer state and "
+                        "gradient reductions stay fp32); auto: bf16 on GPUs and on CPUs that "
+                        "compute it natively, fp32 on CPUs that would emulate it")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint_dir", default=d.checkpoint_dir)
     g.add_argument("--checkpoint_interval", type=int, default=d.checkpoint_interval,
@@ -296,6 +302,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.activation_checkpointing in ACTIVATION_CHECKPOINTING,
          f"--activation_checkpointing {cfg.activation_checkpointing!r} is unknown; allowed: "
          f"{', '.join(ACTIVATION_CHECKPOINTING)}")
+    need(cfg.compute_dtype in COMPUTE_DTYPES,
+         f"--compute_dtype {cfg.compute_dtype!r} is unknown; allowed: {', '.join(COMPUTE_DTYPES)}")
     need(cfg.log_interval >= 1, f"--log_interval {cfg.log_interval} must be at least 1")
     need(cfg.keep_checkpoints >= 1, f"--keep_checkpoints {cfg.keep_checkpoints} must be at least 1")
     need(cfg.checkpoint_timeout > 0, f"--checkpoint_timeout {cfg.checkpoint_timeout} must be positive")

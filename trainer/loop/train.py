@@ -31,6 +31,7 @@ from trainer.loop.distributed import DistEnv, init_process_group
 from trainer.loop.hooks import Hooks
 from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
 from trainer.loop.parallel import build_sharded_model
+from trainer.loop.precision import Precision, choose as choose_precision
 from trainer.loop.profiling import StepProfiler, profile_line
 from trainer.loop.weights import full_param_sha256, initialize_weights
 from trainer.recovery.phases import settle as settle_phases
@@ -137,7 +138,8 @@ def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, g
     return torch.stack([loss, grad_norm.detach().to(loss.dtype)])
 
 
-def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log):
+def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log,
+           precision: Precision):
     """Process group, model, optimizer and the state keeper, restored to the newest state every
     rank can get. (The process group too: its rendezvous waits for the slowest rank.)"""
     StateKeeper.warm(cfg, env)
@@ -156,7 +158,8 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     n_params = parameter_count(cfg.model)
     model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4, compile=cfg.compile,
                                 activation_checkpointing=cfg.activation_checkpointing,
-                                initialize=False)  # a restore would overwrite the init
+                                initialize=False,  # a restore would overwrite the init
+                                compute_dtype=precision.dtype)
     t1 = time.perf_counter()
     # Fused: one operator per parameter group instead of ten foreach operators, each of which
     # DTensor dispatches (and, in a new process or thread, first propagates shardings for).
@@ -195,8 +198,12 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     if cfg.deterministic:
         make_deterministic()
     settle_phases(cfg.startup_timeout, hooks.alive)
+    precision = choose_precision(cfg.compute_dtype, env.device.type)
+    if hooks.iteration == 0:  # an in-process restart computes as its first attempt did
+        log(precision.line())
     data, model_config, model, optimizer, keeper, faults, meta = hooks.phase(
-        "startup", lambda: _build(cfg, env, events, hooks, log), cfg.startup_timeout, env.device)
+        "startup", lambda: _build(cfg, env, events, hooks, log, precision), cfg.startup_timeout,
+        env.device)
     from trainer.loop.model import flops_per_token
 
     sampler = GlobalSampler(len(data), cfg.seed)
@@ -297,7 +304,8 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
         keeper.finish(step, model, optimizer, state_meta)
         faults.close()
         return {"steps_completed": step, "final_loss": last_loss,
-                "param_sha256": param_sha256, "global_batch_size": global_batch,
+                "param_sha256": param_sha256, "compute_dtype": precision.name,
+                "global_batch_size": global_batch,
                 "accumulation_steps": accum, **perf.summary(), **keeper.stats()}
 
     summary = hooks.phase("final", finish, cfg.checkpoint_timeout + cfg.startup_timeout, env.device)
