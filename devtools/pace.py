@@ -21,11 +21,12 @@ from typing import Optional, Sequence
 from devtools.local import mode_flags, progress
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST_STEP_S = 0.5
+FAST_STEP_S = 0.4
 # The bounds on a machine at FAST_STEP_S, in seconds: the in-process watchdog notices a hang
-# after 6 s and kills its rank after 14 s; a gloo collective gives up after 4 s, so a rank
-# waiting for a hung peer fails and restarts; ft_launcher's heartbeats time out after 8 s, or
-# with in-process restart inside, 6 s beyond the hard timeout.
+# after 6 s (15 steps without a ping) and kills its rank after 14 s; a gloo collective gives up
+# after 4 s (10 steps), so a rank waiting for a hung peer fails and restarts; ft_launcher's
+# heartbeats time out after 8 s (20 steps), or with in-process restart inside, 6 s beyond the
+# hard timeout.
 SOFT_TIMEOUT_S = 6.0
 HARD_TIMEOUT_S = 14.0
 COLLECTIVE_TIMEOUT_S = 4.0
@@ -75,8 +76,8 @@ class Pace:
                           initial_heartbeat=s(INITIAL_HEARTBEAT_S))
 
     def job_limit(self, steps: int) -> float:
-        """Seconds a job of `steps` steps may take: on a fast machine 3 s a step (six times
-        FAST_STEP_S) and 120 s for its start-ups and restarts."""
+        """Seconds a job of `steps` steps may take: on a fast machine 3 s a step and 120 s for
+        its start-ups and restarts, several times what they take there."""
         return self.seconds(120.0 + 3.0 * steps)
 
     def line(self) -> str:
@@ -88,12 +89,15 @@ class Pace:
 
 def measure(run_dir: Path, trainer_args: Sequence[str] = (), env: Optional[dict] = None) -> Pace:
     """This machine's pace: a fault-free job of the tiny model on 2 ranks, `MEASURE_STEPS` steps
-    with `trainer_args` (the compute dtype of the jobs that follow), in `run_dir`."""
+    with `trainer_args` (the compute dtype of the jobs that follow), in `run_dir`. Without a
+    background checkpoint writer: its start-up (a process importing torch) would share the cores
+    with the steps measured, and double their time on 2 cores."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "devtools.local", "--mode", "baseline", "--nproc_per_node", "2",
            "--run_dir", str(run_dir), "--job_restarts", "0", "--timeout", f"{MEASURE_LIMIT_S:g}",
            "--", "--model", "tiny", "--max_steps", str(MEASURE_STEPS),
-           "--log_interval", str(MEASURE_STEPS), "--final_checkpoint", "false", *trainer_args]
+           "--log_interval", str(MEASURE_STEPS), "--final_checkpoint", "false",
+           "--use_async_checkpoint", "false", *trainer_args]
     base = dict(os.environ if env is None else env)
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")]))
     log = run_dir / "output.log"
