@@ -29,7 +29,7 @@ _pace: Optional[Pace] = None
 
 
 def pace(cache: Path) -> Pace:
-    """This machine's pace (`devtools.pace`), measured once per test session by a short job
+    """This machine's pace (`devtools.pace`), measured once per pytest run by a short job
     (with the corpus in `cache`) before the first job of a test: the recovery timeouts of the
     tests' jobs and every bound on them follow it, so no test depends on the machine's speed."""
     global _pace
