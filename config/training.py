@@ -80,6 +80,10 @@ class TrainConfig(BaseModel):
     activation_checkpointing: Literal["none", "selective", "full"] = setting(
         "none", "recompute activations in the backward pass: of every other decoder layer "
         "(selective) or of all of them (full)", "speed")
+    compute_dtype: Literal["auto", "bf16", "fp32"] = setting(
+        "auto", "dtype of the forward and backward passes (weights, optimizer state and gradient "
+        "reductions stay fp32); auto: bf16 on GPUs and on CPUs that compute it natively, fp32 on "
+        "CPUs that would emulate it", "speed")
     # -- checkpoints --------------------------------------------------------------------------
     checkpoint_dir: Optional[str] = setting(None, "where durable checkpoints go (none: no "
                                             "checkpoints)", "checkpoints",

@@ -7,9 +7,11 @@ mode; prints the comparison table and writes <out>/report/{report.md,timeline.pn
 baseline keeps only durable checkpoints, like the published one; the NVRx modes also keep a
 snapshot of every step in host memory and on the node (--tiers memory,node).
 
-Six jobs of 2 CPU ranks, about 5-6 minutes on 2 cores. Each job starts from an empty
-<out>/<job>/ and keeps its whole output in <out>/<job>/output.log; the terminal shows the lines
-that tell the story (steps, faults, restarts, results) with the job's name in front.
+First a short fault-free job measures this machine's pace (`devtools.pace`): the recovery
+timeouts and each job's time limit follow it, so a slow machine makes the demo slower, never
+makes it fail. Then six jobs of 2 CPU ranks, about 5-6 minutes on 2 cores. Each job starts from
+an empty <out>/<job>/ and keeps its whole output in <out>/<job>/output.log; the terminal shows
+the lines that tell the story (steps, faults, restarts, results) with the job's name in front.
 """
 
 from __future__ import annotations
@@ -25,30 +27,19 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from config.training import choices
 from devtools import report
-from devtools.local import mode_flags, tier_flags
+from devtools.local import tier_flags
+from devtools.pace import Pace, PaceError, measure
 from trainer.config import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["--model", "tiny", "--log_interval", "20"]
-# Recovery timeouts sized for CPU ranks (tests/trainer use them too): a hang is noticed by the
-# in-process watchdog after 6 s and its rank killed after 14 s; a gloo collective gives up after 4 s.
-HARD_TIMEOUT_S = 14
-FAST_RECOVERY = ["--soft_timeout", "6", "--hard_timeout", str(HARD_TIMEOUT_S), "--barrier_timeout",
-                 "60", "--completion_timeout", "60", "--nccl_timeout", "4"]
 FAULTS = ["--fault_count", "3", "--fault_seed", "42", "--fault_after_step", "10",
           "--fault_types", "exception,hang", "--fault_type_weights", "0.6,0.4"]
 # Trainer and runner lines worth showing live; launcher chatter and tracebacks stay in the log.
 SHOW = re.compile(r"^(step |resumed |no checkpoint |done: |devtools\.local|rank[ =]\d)"
                   r"|: error: |training goodput|will restart worker group")
-
-
-def runner_flags(mode: str) -> list[str]:
-    """Local-runner flags: the Job's restart backoff kept short where the Job restarts on every
-    fault; ft_launcher's heartbeat timeout short (8 s), but 6 s above the trainer's hard timeout
-    when in-process restart is on."""
-    return mode_flags(mode, HARD_TIMEOUT_S, backoff_seconds=0.5, heartbeat_floor=8.0,
-                      heartbeat_margin=6.0)
 
 
 class DemoError(RuntimeError):
@@ -63,7 +54,7 @@ def run_job(name: str, mode: str, run_dir: Path, local_args: Sequence[str],
     run_dir.mkdir(parents=True)
     log_path = run_dir / "output.log"
     cmd = [sys.executable, "-m", "devtools.local", "--mode", mode, "--nproc_per_node", "2",
-           "--run_dir", str(run_dir), "--timeout", str(timeout_s), *local_args, "--",
+           "--run_dir", str(run_dir), "--timeout", f"{timeout_s:g}", *local_args, "--",
            *MODEL, *trainer_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -80,19 +71,15 @@ def run_job(name: str, mode: str, run_dir: Path, local_args: Sequence[str],
     return json.loads(results.read_text())
 
 
-def _timeout(steps: int) -> float:
-    """Seconds a job may take: generous for a slow laptop (here: 0.2 s a step, 10 s a restart)."""
-    return 120.0 + 3.0 * steps
-
-
-def checkpoint_cost(out: Path, steps: int) -> None:
+def checkpoint_cost(out: Path, steps: int, pace: Pace, common: Sequence[str]) -> None:
     """Part 1: the same run with sync and async checkpoints; only the blocking time differs."""
-    flags = ["--max_steps", str(steps), "--checkpoint_interval", "10"]
+    flags = [*common, "--max_steps", str(steps), "--checkpoint_interval", "10"]
     once = ["--job_restarts", "0"]  # no faults here: a failure is real, restarting would hide it
+    limit = pace.job_limit(steps)
     sync = run_job("sync", "baseline", out / "sync", once,
-                   [*flags, "--use_async_checkpoint", "false"], _timeout(steps))
+                   [*flags, "--use_async_checkpoint", "false"], limit)
     asyn = run_job("async", "baseline", out / "async", once,
-                   [*flags, "--use_async_checkpoint", "true"], _timeout(steps))
+                   [*flags, "--use_async_checkpoint", "true"], limit)
     rows = report.table_rows([sync, asyn], ["sync", "async"])
     print(f"\ncheckpoint cost: {steps} steps, a checkpoint every 10 steps")
     print(f"{'':24}{'sync':>10}{'async':>10}")
@@ -101,14 +88,15 @@ def checkpoint_cost(out: Path, steps: int) -> None:
         print(f"{name:24}" + "".join(f"{report.cell(r, key):>10}" for r in rows), flush=True)
 
 
-def recovery(out: Path, steps: int) -> int:
+def recovery(out: Path, steps: int, pace: Pace, common: Sequence[str]) -> int:
     """Part 2: the same faults in every mode, then the post's comparison table and timeline."""
-    flags = ["--max_steps", str(steps), "--checkpoint_interval", str(steps // 4),
-             *FAULTS, *FAST_RECOVERY]
+    flags = [*common, "--max_steps", str(steps), "--checkpoint_interval", str(steps // 4),
+             *FAULTS, *pace.recovery_flags()]
     paths = []
     for mode in MODES:
         run_dir = out / mode.replace("+", "-")
-        run_job(mode, mode, run_dir, runner_flags(mode), [*flags, *tier_flags(mode)], _timeout(steps))
+        run_job(mode, mode, run_dir, pace.runner_flags(mode), [*flags, *tier_flags(mode)],
+                pace.job_limit(steps))
         paths.append(str(run_dir / "results.json"))
     print(f"\nrecovery: {steps} steps, checkpoint every {steps // 4}, the same 3 seeded faults")
     return report.main([*paths, "--out", str(out / "report")])
@@ -118,15 +106,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/demo", help="directory for the six jobs and the report")
     p.add_argument("--steps", type=int, default=100, help="training steps per job (at least 40)")
+    p.add_argument("--compute_dtype", choices=choices("compute_dtype"), default="auto",
+                   help="the trainer's --compute_dtype for every job")
     args = p.parse_args(argv)
     if args.steps < 40:  # room for 3 faults after step 10 and 4 checkpoints
         p.error(f"--steps {args.steps} must be at least 40")
     out = Path(args.out)
+    common = ["--compute_dtype", args.compute_dtype]
     started = time.time()
     try:
-        checkpoint_cost(out, args.steps)
-        rc = recovery(out, args.steps)
-    except DemoError as exc:
+        print("=== pace: a short fault-free job measures this machine's step time", flush=True)
+        shutil.rmtree(out / "pace", ignore_errors=True)
+        pace = measure(out / "pace", common)
+        print(pace.line(), flush=True)
+        checkpoint_cost(out, args.steps, pace, common)
+        rc = recovery(out, args.steps, pace, common)
+    except (DemoError, PaceError) as exc:
         print(f"python -m devtools.demo: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -94,16 +94,18 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def mode_flags(mode: str, hard_timeout: float, *, backoff_seconds: float, heartbeat_floor: float,
-               heartbeat_margin: float) -> list[str]:
+               heartbeat_margin: float, initial_heartbeat: Optional[float] = None) -> list[str]:
     """This runner's flags for a scripted run in `mode` (the demo, the benchmarks): the whole-job
     restart backoff where the Job restarts on every fault, and ft_launcher's heartbeat timeout
     where ranks heartbeat (`default_heartbeat_timeout`: the floor, or with in-process restart the
-    margin beyond the trainer's `hard_timeout`)."""
+    margin beyond the trainer's `hard_timeout`), and its initial one if given."""
     m = RecoveryMode(mode)
     out = [] if m.recovers_within_job else ["--backoff_seconds", f"{backoff_seconds:g}"]
     if m.heartbeats:
         timeout = default_heartbeat_timeout(m, hard_timeout, heartbeat_floor, heartbeat_margin)
         out += ["--heartbeat_timeout", f"{timeout:g}"]
+        if initial_heartbeat is not None:
+            out += ["--initial_heartbeat_timeout", f"{initial_heartbeat:g}"]
     return out
 
 
@@ -182,8 +184,8 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
                     break
                 if args.timeout and time.time() - started > args.timeout:
                     _stop(procs)
-                    print(f"devtools.local: error: job did not finish within {args.timeout:g} s",
-                          file=sys.stderr)
+                    print(f"devtools.local: error: job did not finish within {args.timeout:g} s: "
+                          f"{_progress(log_dir, cfg.max_steps)}", file=sys.stderr)
                     return 1
                 time.sleep(0.1)
         except KeyboardInterrupt:
@@ -213,6 +215,27 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
           f"{failed.returncode}; {args.job_restarts} whole-job restarts allowed): "
           f"{_cause(log_dir)}", file=sys.stderr)
     return 1
+
+
+def progress(log_dir: Path) -> tuple[int, Optional[float]]:
+    """The step a job has reached and its step time (goodput's: the median of steps that are
+    neither an attempt's first nor a checkpoint's; None before any step), from its event log."""
+    from trainer.accounting.events import read_events
+    from trainer.accounting.goodput import summarize
+
+    events = list(read_events(log_dir))
+    if not any(e["event"] == "step" for e in events):
+        return 0, None
+    summary = summarize(events, max_steps=0, checkpoint_interval=0)
+    return summary["steps_completed"], summary["step_time_seconds"]
+
+
+def _progress(log_dir: Path, max_steps: int) -> str:
+    """How far a job got and how fast: what a job out of time reports."""
+    step, step_s = progress(log_dir)
+    if step_s is None:
+        return f"it had completed no step of {max_steps}"
+    return f"it reached step {step} of {max_steps} at {step_s:.2f} s a step"
 
 
 def _cause(log_dir: Path) -> str:

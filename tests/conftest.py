@@ -1,4 +1,5 @@
-"""Fixtures shared by the suite: the prepared corpus, fault-free reference runs, a one-rank group."""
+"""Fixtures shared by the suite: the prepared corpus, this machine's pace, fault-free reference
+runs, a one-rank group; and pytest-timeout's bound per test, stretched with the pace."""
 
 from __future__ import annotations
 
@@ -8,13 +9,32 @@ from typing import Callable
 
 import pytest
 
+from devtools.pace import Pace
+from tests import jobs
 from tests.jobs import INTERVAL, STEPS, ok, results, run_local
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item):
+    """Once a job has measured the pace, each test's bound (the `timeout` setting) follows it too,
+    as the bounds on its jobs do (`tests.jobs.stretched`)."""
+    fast = float(item.config.getini("timeout") or 0)
+    if fast and item.get_closest_marker("timeout") is None:
+        item.add_marker(pytest.mark.timeout(jobs.stretched(fast)))
+    yield
 
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     """Keeps the prepared local corpus out of the user's home, shared by all tests."""
     return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def pace(cache_dir) -> Pace:
+    """This machine's pace, measured once (`tests.jobs.pace`): recovery timeouts and runner flags
+    for the tests' jobs."""
+    return jobs.pace(cache_dir)
 
 
 @pytest.fixture(scope="session")

@@ -8,20 +8,39 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from devtools.demo import FAST_RECOVERY  # noqa: F401 (re-exported: the CPU recovery timeouts)
+from devtools.pace import Pace, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 16
 INTERVAL = 4
-# A small, fast job: tiny LLaMA, short sequences; tight but safe recovery timeouts for CPU ranks.
+# A small, fast job: tiny LLaMA, short sequences.
 TINY = ["--model", "tiny", "--seq_len", "64", "--batch_size", "2", "--log_interval", "6",
         "--warmup_steps", "4"]
-JOB_TIMEOUT = 240
+# Bounds on a fast machine, in seconds; on a slower one they stretch with its pace (`stretched`).
+JOB_TIMEOUT_S = 240.0
+WAIT_S = 120.0
 
+_pace: Optional[Pace] = None
+
+
+def pace(cache: Path) -> Pace:
+    """This machine's pace (`devtools.pace`), measured once per pytest run by a short job
+    (with the corpus in `cache`) before the first job of a test: the recovery timeouts of the
+    tests' jobs and every bound on them follow it, so no test depends on the machine's speed."""
+    global _pace
+    if _pace is None:
+        _pace = measure(Path(tempfile.mkdtemp(prefix="pace-", dir=cache.parent)), env=env_for(cache))
+    return _pace
+
+
+def stretched(seconds: float) -> float:
+    """A bound of `seconds` on a fast machine, on this one: every job measures the pace first."""
+    return _pace.seconds(seconds) if _pace is not None else seconds
 
 
 def env_for(cache: Path) -> dict:
@@ -39,11 +58,12 @@ def local_cmd(mode: str, run_dir: Path, *trainer_args: str, nproc: int = 2,
 
 
 def run_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str, nproc: int = 2,
-              local_args: tuple[str, ...] = (), timeout: float = JOB_TIMEOUT,
-              extra_env: Optional[dict] = None) -> subprocess.CompletedProcess:
+              local_args: tuple[str, ...] = (), extra_env: Optional[dict] = None
+              ) -> subprocess.CompletedProcess:
     cmd = local_cmd(mode, run_dir, *trainer_args, nproc=nproc, local_args=local_args)
+    limit = pace(cache).seconds(JOB_TIMEOUT_S)
     proc = subprocess.run(cmd, cwd=ROOT, env={**env_for(cache), **(extra_env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=limit)
     (run_dir / "test-output.log").parent.mkdir(parents=True, exist_ok=True)
     (run_dir / "test-output.log").write_text(proc.stdout + proc.stderr)
     return proc
@@ -51,6 +71,7 @@ def run_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str, nproc: 
 
 def start_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str,
                 local_args: tuple[str, ...] = ()) -> subprocess.Popen:
+    pace(cache)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "test-output.log", "w")
     return subprocess.Popen(local_cmd(mode, run_dir, *trainer_args, local_args=local_args),
@@ -75,8 +96,8 @@ def kill_group(proc: subprocess.Popen) -> None:
     psutil.wait_procs(tree, timeout=30)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 120.0, what: str = "condition") -> None:
-    deadline = time.time() + timeout
+def wait_for(predicate: Callable[[], bool], timeout: float = WAIT_S, what: str = "condition") -> None:
+    deadline = time.time() + stretched(timeout)
     while time.time() < deadline:
         if predicate():
             return

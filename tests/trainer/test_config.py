@@ -16,6 +16,7 @@ from tests.jobs import ROOT
     (["--tiers", "disk", "--snapshot_interval", "1", "--checkpoint_dir", "x"], "'disk' is unknown"),
     (["--snapshot_staging", "device"], "--snapshot_staging device needs snapshot --tiers"),
     (["--snapshot_staging", "gpu"], "invalid choice: 'gpu'"),
+    (["--compute_dtype", "fp16"], "invalid choice: 'fp16'"),
     (["--checkpoint_interval", "5"], "needs --checkpoint_dir"),
     (["--resume", "required", "--checkpoint_dir", "/nonexistent/ckpt"], "holds no complete checkpoint"),
     (["--model", "gpt-5"], "neither a preset"),

@@ -1,5 +1,5 @@
-"""FSDP2 sharding: one unit per decoder layer, bf16 compute; activation checkpointing and
-torch.compile per layer.
+"""FSDP2 sharding: one unit per decoder layer, fp32 master weights computing in the chosen dtype
+(`trainer.loop.precision`); activation checkpointing and torch.compile per layer.
 
 FSDP2 (`fully_shard`) runs on CUDA with NCCL and on CPU with gloo alike, so local runs use the
 very code and checkpoint format of the cluster.
@@ -7,10 +7,13 @@ very code and checkpoint format of the cluster.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainer.loop.distributed import DistEnv
+from trainer.loop.precision import choose as choose_precision
 from trainer.loop.weights import FULL_INIT_MAX_BYTES, initialize_weights
 
 
@@ -46,13 +49,17 @@ def checkpointed_layers(mode: str, layers: int) -> list[bool]:
 def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
                         compile: bool = False, activation_checkpointing: str = "none",
                         full_init_max_bytes: int = FULL_INIT_MAX_BYTES,
-                        initialize: bool = True) -> torch.nn.Module:
+                        initialize: bool = True,
+                        compute_dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
     """Shard a LlamaForCausalLM over all ranks and put its local shards on the device.
 
     The model is built on the meta device and sharded first, then its local shards are
     allocated. With `initialize=False` the weights stay uninitialized, for a caller that
     restores them (a restart must not pay for a random init that the restore overwrites) or
-    calls `initialize_weights` once it knows nothing is to be restored.
+    calls `initialize_weights` once it knows nothing is to be restored. The parameters stay
+    fp32; FSDP casts each unit's gathered parameters to `compute_dtype` for the forward and
+    backward passes and reduces gradients in fp32 (`compute_dtype` None: the automatic choice
+    for the device).
     """
     from trainer.loop.model import build_model
 
@@ -60,7 +67,9 @@ def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
     layers = list(model.model.layers)
     for layer, ckpt in zip(layers, checkpointed_layers(activation_checkpointing, len(layers))):
         _apply_layer_options(layer, ckpt, compile)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if compute_dtype is None:
+        compute_dtype = choose_precision("auto", env.device.type).dtype
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for i, layer in enumerate(layers):
         # The root's parameters (embedding, norm, output) are gathered again for the backward
         # pass right after the forward: keeping the last layer gathered saves one all-gather.

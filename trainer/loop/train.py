@@ -32,6 +32,8 @@ from trainer.loop.distributed import DistEnv, init_process_group
 from trainer.loop.hooks import Hooks
 from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
 from trainer.loop.parallel import build_sharded_model
+from trainer.loop.precision import Precision
+from trainer.loop.precision import choose as choose_precision
 from trainer.loop.profiling import StepProfiler, profile_line
 from trainer.loop.weights import initialize_weights, param_fingerprint
 from trainer.recovery.phases import join_interrupted
@@ -150,9 +152,11 @@ class Built:
     tiers: Tiers
     faults: FaultInjector
     meta: Optional[dict]  # the restored state's meta; None: a fresh start
+    precision: Precision  # the forward and backward passes' dtype
 
 
-def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log) -> Built:
+def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: Rank0Log,
+           precision: Precision) -> Built:
     """Process group, model, optimizer and the tiers, restored to the newest state every rank
     can get. (The process group too: its rendezvous waits for the slowest rank.)"""
     Tiers.warm(cfg, env)
@@ -171,7 +175,8 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     n_params = parameter_count(cfg.model)
     model = build_sharded_model(cfg.model, cfg.seed, env, n_params * 4, compile=cfg.compile,
                                 activation_checkpointing=cfg.activation_checkpointing,
-                                initialize=False)  # a restore would overwrite the init
+                                initialize=False,  # a restore would overwrite the init
+                                compute_dtype=precision.dtype)
     t1 = time.perf_counter()
     # Fused: one operator per parameter group instead of ten foreach operators, each of which
     # DTensor dispatches (and, in a new process or thread, first propagates shardings for).
@@ -200,7 +205,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     if meta is None:
         initialize_weights(model, cfg.model, cfg.seed, n_params * 4)
     point("restore")
-    return Built(data, model_config, model, optimizer, tiers, faults, meta)
+    return Built(data, model_config, model, optimizer, tiers, faults, meta, precision)
 
 
 def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks] = None) -> dict:
@@ -210,7 +215,10 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     if cfg.deterministic:
         make_deterministic()
     join_interrupted(cfg.startup_timeout, hooks.alive)
-    built = hooks.phase("startup", lambda: _build(cfg, env, events, hooks, log),
+    precision = choose_precision(cfg.compute_dtype, env.device.type)
+    if hooks.iteration == 0:  # an in-process restart computes as its first attempt did
+        log(precision.line())
+    built = hooks.phase("startup", lambda: _build(cfg, env, events, hooks, log, precision),
                         cfg.startup_timeout, env.device)
     loop = Loop(cfg, env, events, hooks, built, log)
     for fn in hooks.on_ready:
@@ -232,7 +240,7 @@ class Loop:
 
         self.cfg, self.env, self.events, self.hooks, self.log = cfg, env, events, hooks, log
         self.data, self.model, self.optimizer = built.data, built.model, built.optimizer
-        self.tiers, self.faults = built.tiers, built.faults
+        self.tiers, self.faults, self.precision = built.tiers, built.faults, built.precision
         self.sampler = GlobalSampler(len(self.data), cfg.seed)
         self.step, self.last_loss = 0, 0.0
         self.global_batch = cfg.global_batch_size or cfg.batch_size * env.world_size
@@ -341,5 +349,6 @@ class Loop:
         self.tiers.finish(self.step, self.model, self.optimizer, self.meta)
         self.faults.close()
         return {"steps_completed": self.step, "final_loss": self.last_loss,
-                "param_sha256": param_sha256, "global_batch_size": self.global_batch,
+                "param_sha256": param_sha256, "compute_dtype": self.precision.name,
+                "global_batch_size": self.global_batch,
                 "accumulation_steps": self.accum, **self.perf.summary(), **self.tiers.stats()}

@@ -4,27 +4,33 @@ the final save costs neither a rewind nor the result. Real jobs, real NVRx, CPU 
 
 import pytest
 
-from tests.jobs import (FAST_RECOVERY, STEPS, events, faults, faults_fired, first, ok,
-                                    results, run_local)
+from devtools.pace import Pace
+from tests.jobs import STEPS, events, faults, faults_fired, first, ok, results, run_local
 
 from trainer.faults.inject import POINT_FAULTS_ENV
 from trainer.recovery.phases import SLOW_PHASE_ENV
 
 MODES = ("baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess")
 TIERS = ("--tiers", "memory,node", "--snapshot_interval", "1")
-# Heartbeats shorter than the slow phases below, where the mode allows it (with in-process
-# restart inside, the heartbeat must outlast the hard timeout of 14 s).
-LOCAL = {"ft_launcher": ("--heartbeat_timeout", "6"), "ft_launcher+inprocess": ("--heartbeat_timeout", "20")}
-SLOW = "8"  # seconds: beyond the soft timeout (6 s) and the ft_launcher heartbeat (6 s)
+# Seconds on a fast machine (`devtools.pace`): heartbeats shorter than the slow phases below,
+# where the mode allows it (with in-process restart inside, the heartbeat must outlast the hard
+# timeout of 14 s); the slow phases beyond the soft timeout (6 s) and that heartbeat.
+HEARTBEAT_S = {"ft_launcher": 6.0, "ft_launcher+inprocess": 20.0}
+SLOW_S = 8.0
+
+
+def local_args(mode: str, pace: Pace) -> tuple[str, ...]:
+    return ("--heartbeat_timeout", f"{pace.seconds(HEARTBEAT_S[mode]):g}") if mode in HEARTBEAT_S else ()
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_slow_startup_first_step_checkpoint_commit_and_final_save_cost_no_restart(cache_dir, tmp_path, mode):
+def test_slow_startup_first_step_checkpoint_commit_and_final_save_cost_no_restart(cache_dir, pace, tmp_path, mode):
     run_dir = tmp_path / "run"
+    slow = f"{pace.seconds(SLOW_S):g}"
     proc = run_local(cache_dir, mode, run_dir, "--max_steps", "8", "--checkpoint_interval", "4",
-                     *TIERS, *FAST_RECOVERY, local_args=LOCAL.get(mode, ()),
-                     extra_env={SLOW_PHASE_ENV: f"startup={SLOW},first_step={SLOW},checkpoint={SLOW},"
-                                               f"final={SLOW},commit={SLOW}"})
+                     *TIERS, *pace.recovery_flags(), local_args=local_args(mode, pace),
+                     extra_env={SLOW_PHASE_ENV: f"startup={slow},first_step={slow},checkpoint={slow},"
+                                               f"final={slow},commit={slow}"})
     ok(proc)
     res = results(run_dir)  # asserts restarts == 0
     assert res["steps_completed"] == 8
@@ -35,13 +41,13 @@ def test_slow_startup_first_step_checkpoint_commit_and_final_save_cost_no_restar
     assert not [e for e in ev if e["event"] == "abort" and e["t"] < end]
 
 
-def test_reentry_interrupted_at_every_setup_point_recovers(cache_dir, reference, tmp_path):
+def test_reentry_interrupted_at_every_setup_point_recovers(cache_dir, pace, reference, tmp_path):
     ref = reference()
     run_dir = tmp_path / "run"
     # An exception at a step, then each re-entry fails at the next set-up point, on either rank.
     points = "model:1:1,buffers:0:2,restore:1:3"
     proc = run_local(cache_dir, "inprocess", run_dir, "--max_steps", str(STEPS),
-                     "--checkpoint_interval", "4", *TIERS, *FAST_RECOVERY, *faults("exception"),
+                     "--checkpoint_interval", "4", *TIERS, *pace.recovery_flags(), *faults("exception"),
                      extra_env={POINT_FAULTS_ENV: points})
     ok(proc)
     res = results(run_dir)
@@ -51,10 +57,10 @@ def test_reentry_interrupted_at_every_setup_point_recovers(cache_dir, reference,
     assert res["restarts"] == 4
 
 
-def test_same_error_before_any_progress_ends_the_job_with_its_cause(cache_dir, tmp_path):
+def test_same_error_before_any_progress_ends_the_job_with_its_cause(cache_dir, pace, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_local(cache_dir, "inprocess", run_dir, "--max_steps", str(STEPS),
-                     "--checkpoint_interval", "4", *TIERS, *FAST_RECOVERY, *faults("exception"),
+                     "--checkpoint_interval", "4", *TIERS, *pace.recovery_flags(), *faults("exception"),
                      extra_env={POINT_FAULTS_ENV: "buffers:1:1,buffers:1:2,buffers:1:3,buffers:1:4"})
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
@@ -66,11 +72,11 @@ def test_same_error_before_any_progress_ends_the_job_with_its_cause(cache_dir, t
 
 
 @pytest.mark.parametrize("mode", ("inprocess", "ft_launcher"))
-def test_fault_during_the_final_save_is_survived_without_a_rewind(cache_dir, reference, tmp_path, mode):
+def test_fault_during_the_final_save_is_survived_without_a_rewind(cache_dir, pace, reference, tmp_path, mode):
     ref = reference()
     run_dir = tmp_path / "run"
     proc = run_local(cache_dir, mode, run_dir, "--max_steps", str(STEPS), "--checkpoint_interval",
-                     "4", *TIERS, *FAST_RECOVERY, local_args=LOCAL.get(mode, ()),
+                     "4", *TIERS, *pace.recovery_flags(), local_args=local_args(mode, pace),
                      extra_env={POINT_FAULTS_ENV: "final:1"})
     ok(proc)
     res = results(run_dir)

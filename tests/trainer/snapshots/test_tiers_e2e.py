@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from tests.jobs import (FAST_RECOVERY, ROOT, TINY, env_for, events, faults, kill_group,
-                                    ok, results, run_local, start_local, wait_for)
+from tests.jobs import (ROOT, TINY, env_for, events, faults, kill_group, ok, results, run_local,
+                        start_local, wait_for)
 
 TIERS = ["--tiers", "memory,node,peer", "--snapshot_interval", "1"]
 
@@ -20,14 +20,14 @@ def _loads(run_dir):
     return [e for e in events(run_dir) if e["event"] in ("snapshot_load", "ckpt_load")]
 
 
-def test_killed_rank_uses_its_node_and_a_lost_node_uses_peers(cache_dir, reference, tmp_path):
+def test_killed_rank_uses_its_node_and_a_lost_node_uses_peers(cache_dir, pace, reference, tmp_path):
     steps = 16
     ref = reference(steps=steps, nproc=4)
     run_dir = tmp_path / "run"
     proc = run_local(cache_dir, "ft_launcher", run_dir, "--max_steps", str(steps),
-                     "--checkpoint_interval", "8", *TIERS, *FAST_RECOVERY,
+                     "--checkpoint_interval", "8", *TIERS, *pace.recovery_flags(),
                      *faults("sigkill", "node", steps=steps, after=3, world=4),
-                     nproc=2, local_args=("--nnodes", "2", "--heartbeat_timeout", "20"))
+                     nproc=2, local_args=("--nnodes", "2", "--heartbeat_timeout", f"{pace.seconds(20):g}"))
     ok(proc)
     fired = [e for e in events(run_dir) if e["event"] == "fault"]
     loads = _loads(run_dir)
@@ -44,11 +44,11 @@ def test_killed_rank_uses_its_node_and_a_lost_node_uses_peers(cache_dir, referen
 
 
 @pytest.mark.parametrize("staging", ["host", "split", "device"])
-def test_inprocess_exception_resumes_from_memory(cache_dir, reference, tmp_path, staging):
+def test_inprocess_exception_resumes_from_memory(cache_dir, pace, reference, tmp_path, staging):
     ref = reference()
     run_dir = tmp_path / "run"
     ok(run_local(cache_dir, "inprocess", run_dir, "--max_steps", "16", "--checkpoint_interval", "8",
-                 *TIERS, "--snapshot_staging", staging, *FAST_RECOVERY,
+                 *TIERS, "--snapshot_staging", staging, *pace.recovery_flags(),
                  *faults("exception", after=4)))
     (load,) = {(e["tier"], e["step"]) for e in _loads(run_dir)}
     res = results(run_dir)
