@@ -1,5 +1,5 @@
 """Per-rank cost does not grow with the world size: every step of checkpointing and recovery,
-measured on one rank of worlds of 16 and 256 ranks (`bench.scale`, one process per rank)."""
+measured on one rank of worlds of 32 and 512 ranks (`bench.scale`, one process per rank)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from bench import scale
 
 pytestmark = pytest.mark.slow  # a process per measurement, each importing torch
 
-SMALL, LARGE = 16, 256
+SMALL, LARGE = 32, 512
 CALLS = ("all_reduce_calls", "barrier_calls", "broadcast_calls", "broadcast_object_list_calls",
          "all_gather_object_calls", "isend_calls", "irecv_calls", "new_group_calls", "store_ops",
          "fs_stats", "fs_opens", "fs_listings", "p2p_peers")
