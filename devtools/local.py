@@ -26,6 +26,7 @@ from config.contract import FINAL_ERROR_ENV, PORTS_PER_JOB, RecoveryMode
 from trainer.accounting.events import EventLog
 from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
+from trainer.recovery.lifetime import child_dies_with_me
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
                                      launch_env)
 
@@ -142,7 +143,8 @@ def _start(args, cfg, trainer_args: list[str], run_dir: Path, port: int, attempt
         env = _launcher_env(spec, final, cfg)
         procs.append(subprocess.Popen(build_command(spec, node_args), env=env,
                                       stdout=None if node == 0 else log, stderr=subprocess.STDOUT
-                                      if node else None, start_new_session=True))
+                                      if node else None, start_new_session=True,
+                                      preexec_fn=child_dies_with_me()))
     return procs
 
 

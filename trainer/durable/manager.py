@@ -8,7 +8,6 @@ on storage; nothing here needs a collective except restore, where all ranks must
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -22,17 +21,11 @@ from trainer.atomic import read_json, write_json_atomic
 from trainer.buffers import HostBuffer, Layout, host_copy_stream
 from trainer.durable.state import local_tensors, restore, shard_layout
 from trainer.durable.store import (CheckpointError, CheckpointStore, LoadedShard, SaveStats, ShardWrite,
-                                   MANIFEST, StorageError, error_file, follow_worker, step_dir_name,
+                                   MANIFEST, StorageError, error_file, step_dir_name,
                                    write_shard)
 from trainer.recovery.phases import injected_delay
 
 MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
-
-
-def _warm_up(worker_pid: int) -> None:
-    """The first request: makes the writer process start (and import torch) ahead of need, and
-    tie its life to the worker's."""
-    follow_worker(worker_pid)
 
 
 def staging_path(root: Path, rank: int) -> Path:
@@ -116,8 +109,7 @@ class CheckpointManager:
         if self.use_async and self._writer is None:
             from trainer.recovery.nvrx_compat import AsyncWriter
 
-            self._writer = AsyncWriter()
-            self._writer.submit(_warm_up, os.getpid())  # finalized along with the first real write
+            self._writer = AsyncWriter(self.rank)  # its process ends with this one
 
     def save(self, step: int, model, optimizer, meta: dict, final: bool = False,
              source: Optional[HostBuffer] = None,

@@ -11,6 +11,10 @@ Rendezvous: node rank 0 hosts the store (`is_host`), never decided from a DNS an
 stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
 rank is the pod's completion index (`--node-rank`, and GROUP_RANK for NVRx versions that take
 the infrastructure's rank), so ranks keep their order at any node count.
+
+Lifetimes (`trainer.recovery.lifetime`): the elastic agent this process starts dies with it, and
+every process under the agent dies with the agent, whatever killed it: nothing of a run outlives
+its launcher and trains on into the checkpoint directory.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Optional, Sequence
 from config.contract import (DEFAULT_MASTER_PORT, FINAL_ERROR_ENV, INPROCESS_PORT_ENV,
                              RecoveryMode, process_env, wrapper_store_port)
 from trainer.config import MODES
+from trainer.recovery.lifetime import child_dies_with_me
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
         return [*launcher, *launcher_args(), "--mode", spec.mode, *trainer_args]
     # baseline and in-process alone: a process death ends the job; the Job (or the local
     # supervisor) restarts everything, like the published Kubernetes baseline.
-    launcher = [py, "-m", "torch.distributed.run", f"--nnodes={spec.nnodes}",
+    launcher = [py, "-m", "trainer.recovery.torchrun", f"--nnodes={spec.nnodes}",
                 f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
                 f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
                 f"--rdzv-conf={rdzv_conf(spec)}",
@@ -166,7 +171,8 @@ def supervise(cmd: list[str], env: dict) -> int:
     """
     final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
     become_subreaper()
-    proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)})
+    proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)},
+                            preexec_fn=child_dies_with_me())
 
     def forward(signum, frame) -> None:  # the pod's SIGTERM (to PID 1) reaches the launcher
         with contextlib.suppress(ProcessLookupError):

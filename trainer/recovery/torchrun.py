@@ -1,0 +1,13 @@
+"""torchrun, in a process that names itself to its workers (`lifetime.announce_agent`), so each
+command-line worker dies with it (`lifetime.worker_dies_with_agent`).
+
+    python -m trainer.recovery.torchrun <torchrun flags> -m trainer <trainer flags>
+"""
+
+from trainer.recovery.lifetime import announce_agent
+
+if __name__ == "__main__":
+    announce_agent()
+    from torch.distributed.run import main
+
+    main()
