@@ -118,7 +118,8 @@ def test_a_forked_worker_dies_with_its_fork_server(tmp_path):
             "    ctx.set_forkserver_preload(['trainer.recovery.worker_groups'])\n"
             "    p = ctx.Process(target=work, args=(out + '.worker',))\n"
             "    p.start()\n"
-            "    while not os.path.exists(out + '.worker'): time.sleep(0.05)\n"
+            "    while not os.path.exists(out + '.worker') or not open(out + '.worker').read():\n"
+            "        time.sleep(0.05)\n"
             "    open(out, 'w').write(str(forkserver._forkserver._forkserver_pid) + ' ' + "
             "open(out + '.worker').read())\n")
     script = tmp_path / "server.py"
