@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,8 @@ from typing import Optional, Sequence
 from config.contract import (DEFAULT_MASTER_PORT, FINAL_ERROR_ENV, INPROCESS_PORT_ENV,
                              RecoveryMode, process_env, wrapper_store_port)
 from trainer.config import MODES
-from trainer.recovery.lifetime import child_dies_with_me
+from trainer.durable.lease import RUN_ID_ENV
+from trainer.recovery.lifetime import ProcessId, child_dies_with_me
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,10 @@ def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
     completed with the mode's `contract.process_env` for the trainer config `cfg`. What `base`
     already sets wins: a pod's manifest sets the same values."""
     env = dict(os.environ if base is None else base)
+    # One launch is one run, also where the rendezvous id is the same every time; a pod's
+    # manifest and the local runner name the run themselves (restarts included).
+    env.setdefault(RUN_ID_ENV, f"launch-{socket.gethostname()}-{os.getpid()}-"
+                               f"{ProcessId.current().start}")
     env[INPROCESS_PORT_ENV] = str(wrapper_store_port(spec.master_port))
     env["GROUP_RANK"] = str(spec.node_rank)  # NVRx's infrastructure group rank
     # The NCCL watchdog's bound follows the NCCL collective timeout, whatever this run's device.

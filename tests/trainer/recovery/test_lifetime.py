@@ -1,6 +1,7 @@
-"""Each helper of a run ends with the process that started it, however that one ended
-(`trainer.recovery.lifetime`). Real processes."""
+"""Each helper of a run ends with the process that started it, however that one ended; the lease
+names its holder by pid and start time (`trainer.recovery.lifetime`). Real processes."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.jobs import ROOT, env_for
+from trainer.durable.lease import Lease, LeaseError
 from trainer.recovery.lifetime import ProcessId, process_start
 
 BOUND_S = 120  # how long a test waits for a process to appear or go before it fails
@@ -158,3 +160,44 @@ def test_a_process_id_never_names_a_recycled_pid_or_a_zombie():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     _wait(lambda: process_start(child.pid) is None, "the child never exited")  # now a zombie
     child.wait()
+
+
+def _lease_file(path: Path, **holder) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "LEASE.json").write_text(json.dumps({"run": "other", "renewed_at": time.time(),
+                                                 **holder}))
+    return path
+
+
+def test_a_lease_holder_lives_while_one_of_its_processes_does(tmp_path):
+    import socket
+
+    host = socket.gethostname()
+    pid1 = ProcessId.of(1)
+    live = _lease_file(tmp_path / "a", host=host,
+                       processes=[{"pid": 1, "start": pid1.start + 1, "role": "launcher"},
+                                  {**ProcessId.current().to_json(), "role": "rank 0"}])
+    with pytest.raises(LeaseError, match="rank 0 pid"):
+        Lease(live).acquire()
+    warnings = []
+    # PID 1 and a recycled pid, with start times that are not theirs: no live holder.
+    dead = _lease_file(tmp_path / "b", host=host,
+                       processes=[{"pid": 1, "start": pid1.start + 1, "role": "launcher"},
+                                  {"pid": os.getpid(), "start": 0, "role": "rank 0"}])
+    Lease(dead, warn=warnings.append).acquire()
+    assert warnings and "no longer alive" in warnings[0]
+    mine = json.loads((dead / "LEASE.json").read_text())
+    assert mine["run"] != "other" and all(p["pid"] != 1 and p["start"] for p in mine["processes"])
+
+
+def test_a_lease_that_names_pids_without_start_times_counts_only_its_renewal(tmp_path):
+    import socket
+
+    old = _lease_file(tmp_path / "old", host=socket.gethostname(), pids=[os.getpid(), 1],
+                      renewed_at=time.time() - 3600)
+    warnings = []
+    Lease(old, warn=warnings.append).acquire()  # PID 1 lives, yet the holder is long gone
+    assert warnings
+    fresh = _lease_file(tmp_path / "fresh", host=socket.gethostname(), pids=[1])
+    with pytest.raises(LeaseError):
+        Lease(fresh).acquire()
