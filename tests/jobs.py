@@ -58,6 +58,40 @@ def start_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str,
                             start_new_session=True)
 
 
+def launcher_cmd(mode: str, run_dir: Path, port: int, *trainer_args: str, nproc: int = 2,
+                 launcher_args: tuple[str, ...] = ()) -> list[str]:
+    """The node's launcher as a pod runs it (`trainer.recovery.launch`), one node."""
+    return [sys.executable, "-m", "trainer.recovery.launch", "--mode", mode, "--nnodes", "1",
+            "--nproc_per_node", str(nproc), "--node_rank", "0", "--master_addr", "127.0.0.1",
+            "--master_port", str(port), *launcher_args, "--", *TINY,
+            "--checkpoint_dir", str(run_dir / "checkpoints"),
+            "--results_path", str(run_dir / "results.json"), *trainer_args]
+
+
+def start(cmd: list[str], cache: Path, run_dir: Path, extra_env: Optional[dict] = None
+          ) -> subprocess.Popen:
+    """`cmd` in a session of its own (its process group is its pid), output to the run's log."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir / "test-output.log", "a")
+    return subprocess.Popen(cmd, cwd=ROOT, env={**env_for(cache), **(extra_env or {})},
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def marked(name: str, value: str) -> list:
+    """The live processes (not zombies) whose environment has `name=value`: every process of a
+    job started with it, whatever started them and whoever adopted them."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(name) == value and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            pass
+    return found
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the whole job at once: runner, launchers, ranks and their writer processes."""
     import psutil
