@@ -69,7 +69,25 @@ def _leave_with_failed_peers(hooks, rank: int, events) -> None:
     failfast.watch(leave)
 
 
+def stopped_line(cfg: TrainConfig, summary: dict) -> str:
+    """What a rank 0 stopped by SIGTERM says last: where the next run resumes, and why."""
+    step, latest = summary["steps_completed"], summary["committed_step"]
+    head = f"stopped by SIGTERM at step {step}"
+    if latest == step:
+        return f"{head}: checkpoint step {step} committed; the next run resumes from it"
+    resumes = f"the next run resumes from step {latest}" if latest is not None else \
+        "no checkpoint: the next run starts from step 0"
+    if summary["need_s"] is None:
+        return f"{head}: no --checkpoint_dir; {resumes}"
+    return (f"{head}: step {step} not written, its write (about {summary['need_s']:.0f} s) would "
+            f"not end within the {cfg.termination_grace:g} s grace period (--termination_grace); "
+            f"{resumes}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from trainer.recovery import termination
+
+    termination.install()  # before anything slow: a SIGTERM before this ends the rank at once
     cfg = parse_args(argv)
     from trainer.accounting.events import EventLog
 
@@ -107,7 +125,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             summary = run_inprocess(cfg, env, events, hooks)
         else:
             summary = run(cfg, env, events, hooks)
-        failed = False
+        # stopped by SIGTERM without committing its newest state: what the tiers hold stays
+        failed = bool(summary.get("stopped")) and \
+            summary["committed_step"] != summary["steps_completed"]
     except ConfigError as exc:  # a setting that only fails once the model is known
         events.emit("error", type="ConfigError", message=str(exc), fatal=True)
         record_final_error(f"rank {env.rank}: {exc}")
@@ -144,6 +164,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Tiers.release(hooks.process, failed)
         if dist.is_initialized():
             dist.destroy_process_group()
+    if summary.get("stopped"):  # no results.json: the run is not over, the next one resumes it
+        if env.rank == 0:
+            print(stopped_line(cfg, summary), flush=True)
+        return 0
     if env.rank == 0:
         results = write_results(cfg, summary, events_file)
         print(f"done: {results['steps_completed']} steps in {results.get('wall_seconds', 0):.1f} s, "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
 from config.contract import MODE_NAMES as MODES  # one table of recovery modes
-from config.contract import RecoveryMode
+from config.contract import TERMINATION_GRACE_FLOOR_S, RecoveryMode
 from trainer.errors import ConfigError
 
 FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom", "node")
@@ -58,6 +58,7 @@ class TrainConfig:
     resume: str = "auto"
     checkpoint_timeout: float = 600.0
     startup_timeout: float = 1200.0
+    termination_grace: float = float(TERMINATION_GRACE_FLOOR_S)
     # snapshot tiers
     snapshot_interval: int = 0
     tiers: tuple[str, ...] = ()
@@ -206,6 +207,10 @@ def build_parser(prog: str = "python -m trainer") -> argparse.ArgumentParser:
                         "before training fails")
     g.add_argument("--startup_timeout", type=float, default=d.startup_timeout,
                    help="seconds start-up (model, buffers, restore, first step) may take")
+    g.add_argument("--termination_grace", type=float, default=d.termination_grace,
+                   help="seconds between SIGTERM and SIGKILL (a pod's terminationGracePeriodSeconds): "
+                        "on SIGTERM the newest state is committed if its write fits, and the "
+                        "launcher waits this long for the ranks")
     g = p.add_argument_group("snapshot tiers")
     g.add_argument("--snapshot_interval", type=int, default=d.snapshot_interval,
                    help="steps between in-memory snapshots (0: off)")
@@ -288,6 +293,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.keep_checkpoints >= 1, f"--keep_checkpoints {cfg.keep_checkpoints} must be at least 1")
     need(cfg.checkpoint_timeout > 0, f"--checkpoint_timeout {cfg.checkpoint_timeout} must be positive")
     need(cfg.startup_timeout > 0, f"--startup_timeout {cfg.startup_timeout} must be positive")
+    need(cfg.termination_grace > 0,
+         f"--termination_grace {cfg.termination_grace} must be positive")
     need(cfg.nccl_timeout >= 0, f"--nccl_timeout {cfg.nccl_timeout} must be positive (0: default)")
     need(cfg.min_world_size >= 0, f"--min_world_size {cfg.min_world_size} must be 0 or more")
     need(0.0 <= cfg.fault_probability <= 1.0,
@@ -330,7 +337,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         need(0 <= v < 2**32, f"--{name} {v} must be between 0 and {2**32 - 1}")
     for name in ("lr", "grad_clip", "soft_timeout", "hard_timeout", "barrier_timeout",
                  "completion_timeout", "nccl_timeout", "checkpoint_timeout", "startup_timeout",
-                 "memory_budget_gib"):
+                 "termination_grace", "memory_budget_gib"):
         v = getattr(cfg, name)
         need(math.isfinite(v), f"--{name} {v} must be a finite number")
     need(cfg.grad_clip >= 0, f"--grad_clip {cfg.grad_clip} must be 0 (off) or positive")

@@ -285,6 +285,15 @@ class CheckpointManager:
         except Exception as exc:  # raised on the training thread by the next _commit_ready
             self._commit_error = exc
 
+    def seconds_to_save(self) -> float:
+        """How long a new checkpoint would take to be written after the write in flight: the
+        last write's duration twice over while one is in flight, less what it has run; 0 before
+        any write has been timed."""
+        last = self.stats.write_seconds[-1] if self.stats.write_seconds else 0.0
+        if self._in_flight is None:
+            return last
+        return last + max(0.0, last - (time.time() - self._in_flight[1]))
+
     def wait_for_writer(self) -> None:
         """Block until this rank's background write is done (watched, never forever)."""
         while self._in_flight is not None:

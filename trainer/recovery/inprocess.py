@@ -31,6 +31,7 @@ from trainer.loop.hooks import Hooks
 from trainer.loop.train import run
 from trainer.recovery.nvrx_compat import restart_health_check
 from trainer.recovery.phases import PhaseTimeout
+from trainer.recovery.termination import PeerTerminating
 
 
 def _record_abort(events: EventLog):
@@ -131,11 +132,12 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
 
 class Attempts:
     """Ends the job when restarting cannot help: an error no restart fixes (a bad setting, a
-    phase past its bound), or the same error again from an attempt that trained no step after
-    one that also trained none. One clear error then, instead of a restart storm up to the
-    iteration limit."""
+    phase past its bound), a stop with ranks that got SIGTERM (they are leaving the job: the
+    launcher or the Job restarts this one), or the same error again from an attempt that
+    trained no step after one that also trained none. One clear error then, instead of a
+    restart storm up to the iteration limit."""
 
-    FATAL = (ConfigError, FinalError, PhaseTimeout)
+    FATAL = (ConfigError, FinalError, PhaseTimeout, PeerTerminating)
 
     def __init__(self) -> None:
         self.last: Optional[str] = None  # cause of the previous failed attempt, if it trained nothing
