@@ -31,13 +31,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from config.contract import (DEFAULT_MASTER_PORT, FINAL_ERROR_ENV, INPROCESS_PORT_ENV,
                              RecoveryMode, process_env, wrapper_store_port)
-from trainer.config import MODES
+from trainer.config import MODES, TrainConfig
 from trainer.durable.lease import RUN_ID_ENV
 from trainer.recovery.lifetime import ProcessId, child_dies_with_me
+from trainer.recovery.termination import SIGTERM_EXIT_CODE
 
 
 @dataclass(frozen=True)
@@ -167,27 +168,36 @@ def check(spec: LaunchSpec, cfg) -> None:
         sys.exit(2)
 
 
-def supervise(cmd: list[str], env: dict) -> int:
+def supervise(cmd: list[str], env: dict,
+              grace_s: float = TrainConfig.termination_grace) -> int:
     """Run the launcher; end it as soon as a rank records an error that no restart can fix.
 
     torchrun and ft_launcher turn any worker failure into their own exit code 1 (ft_launcher
     first restarts the workers, which would fail the same way). A rank that meets such an error
     writes it to FINAL_ERROR_ENV's file; this process then stops the launcher and exits 2,
     which the local runner and the Job's pod failure policy never retry.
+
+    SIGTERM (the pod's, to PID 1) goes to the workers, which commit their newest state and
+    stop (`trainer.recovery.termination`); this process waits for them up to `grace_s` and
+    exits 143 (`stop_on_sigterm`). SIGINT goes to the launcher, which tears them down at once.
     """
     final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
     become_subreaper()
     proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)},
                             preexec_fn=child_dies_with_me())
+    terminating: list[int] = []
 
-    def forward(signum, frame) -> None:  # the pod's SIGTERM (to PID 1) reaches the launcher
+    def forward(signum, frame) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    while not reap_orphans(proc) and not final.exists():
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminating.append(signum))
+    while not reap_orphans(proc) and not final.exists() and not terminating:
         time.sleep(0.2)
+    if terminating:
+        return stop_on_sigterm("python -m trainer.recovery.launch", [proc],
+                               lambda: not reap_orphans(proc), grace_s)
     if final.exists():
         if proc.poll() is None:
             forward(signal.SIGTERM, None)
@@ -200,6 +210,67 @@ def supervise(cmd: list[str], env: dict) -> int:
               flush=True)
         return 2
     return proc.returncode
+
+
+def worker_pids(agent: int) -> set[int]:
+    """The workers under an elastic agent: its descendants that lead a process group of their
+    own (torch elastic starts command-line workers in sessions of their own, the fork server
+    gives forked ones a group each). The agent's helpers (the fork server, rank monitors) and
+    the workers' own (the checkpoint writer) stay in their parent's group."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(agent).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for proc in descendants:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(proc.pid) == proc.pid:
+                found.add(proc.pid)
+    return found
+
+
+def stop_workers(agents: Sequence[int], running: Callable[[], bool], grace_s: float,
+                 poll_s: float = 0.2) -> bool:
+    """SIGTERM the workers of these agents, and of any the agents start meanwhile, until the
+    agents have ended (`running` turns False) or `grace_s` has passed; True if they ended.
+
+    The workers, not the agents: torchrun and ft_launcher would stop their workers with a fixed
+    wait of their own (30 s), then SIGKILL them and exit with a failure. The workers commit
+    their newest state and exit 0, so the agents end as after a completed run."""
+    deadline = time.monotonic() + grace_s
+    signalled: set[int] = set()
+    while running():
+        if time.monotonic() > deadline:
+            return False
+        for agent in agents:
+            for pid in worker_pids(agent) - signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                signalled.add(pid)
+        time.sleep(poll_s)
+    return True
+
+
+def stop_on_sigterm(prog: str, agents: Sequence[subprocess.Popen], running: Callable[[], bool],
+                    grace_s: float) -> int:
+    """A launcher's SIGTERM: the workers stop as `stop_workers` has them, within `grace_s`, or
+    the agents are killed (and everything under them with them). Returns the exit code, 143."""
+    t0 = time.monotonic()
+    print(f"{prog}: SIGTERM: the ranks commit their newest state and stop (grace {grace_s:g} s)",
+          file=sys.stderr, flush=True)
+    ended = stop_workers([a.pid for a in agents], running, grace_s)
+    if not ended:
+        for agent in agents:
+            with contextlib.suppress(ProcessLookupError):
+                agent.kill()
+        while running():
+            time.sleep(0.05)
+    how = "the ranks ended" if ended else f"the ranks had not ended after {grace_s:g} s: killed"
+    print(f"{prog}: stopped by SIGTERM, {how} ({time.monotonic() - t0:.1f} s)", file=sys.stderr,
+          flush=True)
+    return SIGTERM_EXIT_CODE
 
 
 def become_subreaper() -> None:
@@ -242,7 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check(spec, cfg)  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     print("launch:", " ".join(cmd), flush=True)
-    return supervise(cmd, launch_env(spec, cfg))
+    return supervise(cmd, launch_env(spec, cfg), cfg.termination_grace)
 
 
 if __name__ == "__main__":
