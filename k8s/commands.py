@@ -56,6 +56,7 @@ def trainer_argv(dep: Deployment) -> list[str]:
         "--seed", str(t.seed),
         "--checkpoint_dir", dep.checkpoint_dir,
         "--checkpoint_interval", str(t.checkpoint_interval),
+        "--termination_grace", str(dep.termination_grace_s),  # the pod's, to the second
         "--use_async_checkpoint", fmt(t.use_async_checkpoint),
         "--keep_checkpoints", str(t.keep_checkpoints),
         "--resume", "auto",  # a restarted pod resumes; a new run starts in an empty directory

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
+from config.contract import TERMINATION_GRACE_FLOOR_S
 from k8s import naming, outputs
 from k8s.errors import SynthError
 from k8s.outputs import StackOutputs
+from scripts.plan import make_plan
 
 SHM_MOUNT = "/dev/shm"
 NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
@@ -110,6 +112,17 @@ class Deployment:
         if self.profile.tiers.node_dir == "nvme":
             return NODE_LOCAL_MOUNT
         return f"{SHM_MOUNT}/nvrx"
+
+    @property
+    def termination_grace_s(self) -> int:
+        """SIGTERM to SIGKILL for a training pod, and the trainer's --termination_grace: sized
+        from the checkpoint's write time (`scripts.plan`). A model that is not a preset has no
+        known size: the floor then."""
+        from trainer.loop.model import PRESETS  # no torch
+
+        if self.profile.trainer.model not in PRESETS:
+            return TERMINATION_GRACE_FLOOR_S
+        return make_plan(self.profile).termination_grace_seconds
 
 
 def _check_mode(mode: str) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 from config import instance_spec
+from config.contract import TERMINATION_GRACE_FLOOR_S
 from k8s import naming
 from k8s.resources import SYSTEM_MEMORY_FRACTION, shm_size_gib
+from scripts.plan import make_plan
 
 
 def test_indexed_job_spans_every_node(synthesis) -> None:
@@ -181,3 +183,13 @@ def test_every_container_uses_the_run_image(synthesis) -> None:
             for container in [*spec.get("initContainers", []), *spec["containers"]]:
                 assert container["image"] == synthesis.dep.image
                 assert container["imagePullPolicy"] == "Always"  # the fixtures use the :latest tag
+
+
+def test_the_grace_period_holds_a_checkpoint_write_and_the_trainer_is_given_it(synthesis) -> None:
+    """SIGTERM to SIGKILL: the ranks commit their newest state within it. Sized from the write
+    time that `nvrx-eks plan` reports, and handed to the trainer to the second."""
+    grace = synthesis.pod_spec["terminationGracePeriodSeconds"]
+    plan = make_plan(synthesis.dep.profile)
+    assert grace == plan.termination_grace_seconds >= TERMINATION_GRACE_FLOOR_S
+    assert grace > plan.write_seconds
+    assert synthesis.args_value("--termination_grace") == str(grace)
