@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from devtools.demo import FAST_RECOVERY  # noqa: F401 (re-exported: the CPU recovery timeouts)
+from devtools.demo import runner_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 16
@@ -58,12 +59,23 @@ def start_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str,
                             start_new_session=True)
 
 
-def launcher_cmd(mode: str, run_dir: Path, port: int, *trainer_args: str, nproc: int = 2,
-                 launcher_args: tuple[str, ...] = ()) -> list[str]:
-    """The node's launcher as a pod runs it (`trainer.recovery.launch`), one node."""
+def launcher_flags(mode: str) -> tuple[str, ...]:
+    """The local runner's flags for `mode` that the pods' launcher takes too (the heartbeat
+    timeout)."""
+    flags = runner_flags(mode)
+    if "--heartbeat_timeout" not in flags:
+        return ()
+    i = flags.index("--heartbeat_timeout")
+    return tuple(flags[i:i + 2])
+
+
+def launcher_cmd(mode: str, run_dir: Path, port: int, *trainer_args: str, nproc: int = 2
+                 ) -> list[str]:
+    """The node's launcher as a pod runs it (`trainer.recovery.launch`), one node, with the
+    local runner's flags that it takes too."""
     return [sys.executable, "-m", "trainer.recovery.launch", "--mode", mode, "--nnodes", "1",
             "--nproc_per_node", str(nproc), "--node_rank", "0", "--master_addr", "127.0.0.1",
-            "--master_port", str(port), *launcher_args, "--", *TINY,
+            "--master_port", str(port), *launcher_flags(mode), "--", *TINY,
             "--checkpoint_dir", str(run_dir / "checkpoints"),
             "--results_path", str(run_dir / "results.json"), *trainer_args]
 

@@ -25,15 +25,6 @@ GONE_BOUND_S = 60  # how long the test waits for the run's processes to go befor
 TAKEOVER = "taking over the lease of run"
 
 
-def launcher_flags(mode: str) -> list[str]:
-    """The runner's flags that the pods' launcher takes too (the heartbeat timeout)."""
-    flags = runner_flags(mode)
-    if "--heartbeat_timeout" not in flags:
-        return []
-    i = flags.index("--heartbeat_timeout")
-    return flags[i:i + 2]
-
-
 def kill_and_expect_none_left(job, mark: str) -> None:
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
@@ -62,9 +53,8 @@ def test_killed_launchers_leave_nothing_behind_and_the_next_run_resumes_exactly(
 
     # 1. The pods' launcher, its process group killed while the ranks start.
     mark = uuid.uuid4().hex
-    job = start(launcher_cmd(mode, run_dir, free_port_block(), *args,
-                             launcher_args=tuple(launcher_flags(mode))),
-                cache_dir, run_dir, {MARK: mark})
+    job = start(launcher_cmd(mode, run_dir, free_port_block(), *args), cache_dir, run_dir,
+                {MARK: mark})
     wait_for(lambda: any(e["event"] == "launch" and e["rank"] == 0 for e in events(run_dir)),
              what="the first rank to start")
     time.sleep(rng.uniform(0.0, 3.0))
