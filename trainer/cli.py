@@ -85,9 +85,6 @@ def stopped_line(cfg: TrainConfig, summary: dict) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from trainer.recovery import termination
-
-    termination.install()  # before anything slow: a SIGTERM before this ends the rank at once
     cfg = parse_args(argv)
     from trainer.accounting.events import EventLog
 

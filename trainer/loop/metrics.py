@@ -44,7 +44,7 @@ class StepRecord:
 
     @property
     def stop_requests(self) -> int:
-        """How many ranks had got SIGTERM when they began this step."""
+        """How many ranks had been asked to stop when they began this step."""
         return round(float(self.host[2]))
 
 

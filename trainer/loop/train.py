@@ -114,7 +114,7 @@ def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, g
                stop: bool = False) -> torch.Tensor:
     """One optimizer step over this rank's micro-batches; returns [loss, grad norm, ranks that
     asked to stop] on the device, not read back: the loss is the mean over every token of the
-    global batch; `stop` (this rank got SIGTERM) rides in the loss's all-reduce.
+    global batch; `stop` (this rank was asked to stop) rides in the loss's all-reduce.
 
     Each token weighs 1 / tokens_per_step whichever rank and micro-batch holds it; FSDP averages
     gradients over ranks, hence the factor world_size. So world 1 with batch 4 and world 2 with
@@ -239,7 +239,7 @@ class Loop:
         self.tiers, self.faults = built.tiers, built.faults
         self.sampler = GlobalSampler(len(self.data), cfg.seed)
         self.step, self.last_loss = 0, 0.0
-        self.stopping = False  # a rank got SIGTERM: stop after this step (`termination`)
+        self.stopping = False  # a rank was asked to stop: stop after this step (`termination`)
         self.global_batch = cfg.global_batch_size or cfg.batch_size * env.world_size
         if built.meta is not None:
             self._resume(built.meta)
@@ -357,7 +357,7 @@ class Loop:
                 "accumulation_steps": self.accum, **self.perf.summary(), **self.tiers.stats()}
 
     def finish_stopped(self) -> dict:
-        """After SIGTERM: commit this step if it is newer than the last checkpoint and every
+        """Asked to stop: commit this step if it is newer than the last checkpoint and every
         rank expects the write to fit in the grace left (`termination`); no hash, no final
         figures. Returns what the stop kept, for the exit line."""
         cfg, tiers = self.cfg, self.tiers
@@ -371,7 +371,7 @@ class Loop:
                          need_s=need, seconds=time.perf_counter() - t0)
         if not termination.requested():
             raise termination.PeerTerminating(
-                f"another rank got SIGTERM; stopped with it at step {self.step}, newest "
-                f"checkpoint: step {latest}")
+                f"another rank was asked to stop (SIGTERM); stopped with it at step "
+                f"{self.step}, newest checkpoint: step {latest}")
         return {"steps_completed": self.step, "stopped": True, "committed_step": latest,
                 "need_s": need, "wrote": save}

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from trainer.recovery.lifetime import announce_agent
+from trainer.recovery.termination import hold_in_agent
 
 # What a worker imports before its first step; a module missing here is imported by each worker.
 PRELOAD = (
@@ -63,7 +64,8 @@ def plain_elastic_logs() -> None:
 
 
 def main() -> None:
-    announce_agent()  # before the fork server starts: it inherits the environment
+    announce_agent()  # before the fork server starts: it inherits the environment...
+    hold_in_agent()  # ...and the signal mask
     os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
     plain_elastic_logs()
     multiprocessing.set_forkserver_preload(list(PRELOAD))

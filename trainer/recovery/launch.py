@@ -38,7 +38,7 @@ from config.contract import (DEFAULT_MASTER_PORT, FINAL_ERROR_ENV, INPROCESS_POR
 from trainer.config import MODES, TrainConfig
 from trainer.durable.lease import RUN_ID_ENV
 from trainer.recovery.lifetime import ProcessId, child_dies_with_me
-from trainer.recovery.termination import SIGTERM_EXIT_CODE
+from trainer.recovery.termination import SIGTERM_EXIT_CODE, STOP_SIGNAL
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,10 @@ def supervise(cmd: list[str], env: dict,
     writes it to FINAL_ERROR_ENV's file; this process then stops the launcher and exits 2,
     which the local runner and the Job's pod failure policy never retry.
 
-    SIGTERM (the pod's, to PID 1) goes to the workers, which commit their newest state and
-    stop (`trainer.recovery.termination`); this process waits for them up to `grace_s` and
-    exits 143 (`stop_on_sigterm`). SIGINT goes to the launcher, which tears them down at once.
+    SIGTERM (the pod's, to PID 1) reaches the workers as the stop signal: they commit their
+    newest state and stop (`trainer.recovery.termination`); this process waits for them up to
+    `grace_s` and exits 143 (`stop_on_sigterm`). SIGINT goes to the launcher, which tears them
+    down at once.
     """
     final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
     become_subreaper()
@@ -233,12 +234,13 @@ def worker_pids(agent: int) -> set[int]:
 
 def stop_workers(agents: Sequence[int], running: Callable[[], bool], grace_s: float,
                  poll_s: float = 0.2) -> bool:
-    """SIGTERM the workers of these agents, and of any the agents start meanwhile, until the
-    agents have ended (`running` turns False) or `grace_s` has passed; True if they ended.
+    """Send the stop signal to the workers of these agents, and of any the agents start
+    meanwhile, until the agents have ended (`running` turns False) or `grace_s` has passed;
+    True if they ended.
 
-    The workers, not the agents: torchrun and ft_launcher would stop their workers with a fixed
-    wait of their own (30 s), then SIGKILL them and exit with a failure. The workers commit
-    their newest state and exit 0, so the agents end as after a completed run."""
+    The workers, not the agents: torchrun and ft_launcher take a SIGTERM for the end of the
+    job, send it on to their workers (which die of it) and exit with a failure. The workers
+    commit their newest state and exit 0, so the agents end as after a completed run."""
     deadline = time.monotonic() + grace_s
     signalled: set[int] = set()
     while running():
@@ -247,7 +249,7 @@ def stop_workers(agents: Sequence[int], running: Callable[[], bool], grace_s: fl
         for agent in agents:
             for pid in worker_pids(agent) - signalled:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
+                    os.kill(pid, STOP_SIGNAL)
                 signalled.add(pid)
         time.sleep(poll_s)
     return True
