@@ -29,7 +29,7 @@ from trainer.errors import ConfigError, FinalError
 from trainer.loop.distributed import DistEnv, dist_env
 from trainer.loop.hooks import Hooks
 from trainer.loop.train import run
-from trainer.recovery.nvrx_compat import restart_health_check
+from trainer.recovery.nvrx_compat import record_watchdog_kills, restart_health_check
 from trainer.recovery.phases import PhaseTimeout
 from trainer.recovery.termination import PeerTerminating
 
@@ -97,6 +97,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog):
     health = _timed_checks(events, "health_check", inprocess.Compose(*checks))
     wrapper_port, app_port = inprocess_ports(os.environ)
     min_world = cfg.min_world_size or env.world_size
+    record_watchdog_kills(events, cfg.soft_timeout, cfg.hard_timeout)
     wrapper = inprocess.Wrapper(
         store_kwargs={"port": wrapper_port, "timeout": timedelta(seconds=cfg.barrier_timeout)},
         initialize=inprocess.initialize.RetryController(

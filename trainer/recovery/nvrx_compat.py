@@ -24,7 +24,9 @@ Differences absorbed:
   sleep (`use_prompt_rendezvous`).
 - inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU,
   NVLink and NIC checks to every restart whenever LOCAL_RANK is set, which fail on CPU ranks
-  (`restart_health_check`).
+  (`restart_health_check`). Its monitor process ends a rank that made no progress for the hard
+  timeout with SIGTERM (SIGKILL a grace later) and says so only in its own log, which is off:
+  `record_watchdog_kills` has it say so in the run's event log first.
 """
 
 from __future__ import annotations
@@ -264,6 +266,34 @@ def _signal_group(pgid: int, sig: int) -> bool:
     except OSError:
         log.warning("could not signal process group %s", pgid, exc_info=True)
     return True
+
+
+def record_watchdog_kills(events, soft_timeout_s: float, hard_timeout_s: float) -> None:
+    """Before the in-process Wrapper first runs: the monitor process it forks from this rank
+    records, before it kills the rank, which rank it kills, with which signals, and after which
+    timeouts (an `error` event of type WatchdogTimeout). NVRx calls the module's
+    `terminate_process` for that kill alone."""
+    from nvidia_resiliency_ext.inprocess import monitor_process
+
+    kill = monitor_process.terminate_process
+    if getattr(kill, "records_watchdog_kills", False):
+        return
+
+    @functools.wraps(kill)
+    def record_then_kill(process, termination_grace_time, *args, **kwargs):
+        grace = termination_grace_time.total_seconds()
+        try:
+            events.emit("error", type="WatchdogTimeout", target_pid=process.pid, message=(
+                f"no progress within the hard timeout (--hard_timeout {hard_timeout_s:g} s; the "
+                f"soft timeout, --soft_timeout {soft_timeout_s:g} s, fired first and did not bring "
+                f"it back): NVRx's in-process watchdog ends pid {process.pid} with SIGTERM, and "
+                f"SIGKILL {grace:g} s later"))
+        except OSError:  # no event log to write: the kill goes ahead all the same
+            pass
+        return kill(process, termination_grace_time, *args, **kwargs)
+
+    record_then_kill.records_watchdog_kills = True
+    monitor_process.terminate_process = record_then_kill
 
 
 def restart_health_check(wrapper) -> Optional[Any]:
