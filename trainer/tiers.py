@@ -45,7 +45,6 @@ class Tiers:
                 process.lease.acquire()
             dist.barrier()
             process.leased = True
-        self.lease: Optional[Lease] = process.lease
         self.node_root = node_root(cfg.node_dir, cfg.checkpoint_dir, lineage_id(cfg.checkpoint_dir)) \
             if cfg.checkpoint_dir else None
         if process.checkpoints is not None:
@@ -148,8 +147,6 @@ class Tiers:
         durable_due = self.saves_durably(step)
         if self.checkpoints is not None:
             self.checkpoints.poll()
-        if self.lease is not None:
-            self.lease.renew()
         slot = None
         if self.snapshots is not None:
             self.snapshots.own.poll()

@@ -6,9 +6,10 @@
   run's state, even at the same path.
 - `LEASE.json` names the run that trains into the directory now: its launch id (NVRX_RUN_ID:
   the Kubernetes run id, or one per `devtools.local` or `trainer.recovery.launch` invocation),
-  its host and its processes, renewed while it trains. Restarts of the same run take it over
-  silently; a second run is refused while the holder lives; the lease of a dead run is taken
-  over with a warning.
+  its host and its processes, renewed while rank 0 lives (by a thread of its own: a loop that
+  waits for a hung peer, or an in-process restart, must not let it lapse). Restarts of the same
+  run take it over silently; a second run is refused while the holder lives; the lease of a dead
+  run is taken over with a warning.
 
 On its own host the holder lives while rank 0 or its launcher (the node's elastic agent, which
 restarts rank 0) does. Each is named by pid *and* start time (`lifetime.ProcessId`): a pid alone
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -88,7 +90,8 @@ class Lease:
         self.warn = warn
         self.run = launch_id()
         self._processes = holder_processes()
-        self._renewed = 0.0
+        self._stop = threading.Event()
+        self._renewer: Optional[threading.Thread] = None
 
     def _mine(self) -> dict:
         return {"run": self.run, "host": socket.gethostname(), "processes": self._processes,
@@ -124,16 +127,24 @@ class Lease:
                 return self.acquire()
         else:
             write_json_atomic(self.path, self._mine())
-        self._renewed = time.monotonic()
+        if self._renewer is None:
+            self._renewer = threading.Thread(target=self._keep_renewed, daemon=True,
+                                             name="lease-renewer")
+            self._renewer.start()
 
-    def renew(self) -> None:
-        """On rank 0's loop, between steps: no fsync, which would wait behind a checkpoint
-        being written to the same file system. A lease lost with its node has expired anyway."""
-        if time.monotonic() - self._renewed >= RENEW_EVERY_S:
-            write_json_atomic(self.path, self._mine(), durable=False)
-            self._renewed = time.monotonic()
+    def _keep_renewed(self) -> None:
+        """Every RENEW_EVERY_S until released. No fsync, which would wait behind a checkpoint
+        being written to the same file system; a lease lost with its node has expired anyway."""
+        while not self._stop.wait(RENEW_EVERY_S):
+            try:
+                write_json_atomic(self.path, self._mine(), durable=False)
+            except OSError:  # storage gone for now: the next renewal tries again
+                pass
 
     def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
         holder = read_json(self.path)
         if holder is not None and holder.get("run") == self.run:
             self.path.unlink(missing_ok=True)

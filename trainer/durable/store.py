@@ -198,7 +198,10 @@ def _write_shard(req: ShardWrite) -> dict:
 
     from trainer.buffers import Layout, map_file
 
+    from trainer.recovery.phases import injected_delay
+
     t0 = time.time()
+    time.sleep(injected_delay("write"))  # test hook: a slow file system
     out = Path(req.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / marker_name(req.rank)).unlink(missing_ok=True)  # a stale one must never be committed
