@@ -76,11 +76,12 @@ def stopped_line(cfg: TrainConfig, summary: dict) -> str:
     if latest == step:
         return f"{head}: checkpoint step {step} committed; the next run resumes from it"
     resumes = f"the next run resumes from step {latest}" if latest is not None else \
-        "no checkpoint: the next run starts from step 0"
-    if summary["need_s"] is None:
-        return f"{head}: no --checkpoint_dir; {resumes}"
-    return (f"{head}: step {step} not written, its write (about {summary['need_s']:.0f} s) would "
-            f"not end within the {cfg.termination_grace:g} s grace period (--termination_grace); "
+        "no checkpoint yet: the next run starts from step 0"
+    if not cfg.checkpoint_dir:
+        return f"{head}: no --checkpoint_dir, nothing kept"
+    need = summary["need_s"] or 0.0
+    return (f"{head}: step {step} not written, too little of the {cfg.termination_grace:g} s "
+            f"grace period (--termination_grace) was left for its write (about {need:.0f} s); "
             f"{resumes}")
 
 

@@ -185,8 +185,8 @@ class Tiers:
         if self.checkpoints is not None:
             if self.checkpoints.last_saved_step != step and \
                     (self.cfg.final_checkpoint if save is None else save):
-                self._durable(step, model, optimizer, meta, self._slot_of(step, model, optimizer, meta),
-                              final=True)
+                slot = self._slot_of(step, model, optimizer, meta)
+                self._durable(step, model, optimizer, meta, slot, final=True)
             at_point("final", step, self.env.rank, self.cfg.checkpoint_dir, self.events)
             self.checkpoints.finish()
 

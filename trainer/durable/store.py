@@ -197,7 +197,6 @@ def _write_shard(req: ShardWrite) -> dict:
     import torch
 
     from trainer.buffers import Layout, map_file
-
     from trainer.recovery.phases import injected_delay
 
     t0 = time.time()

@@ -136,7 +136,8 @@ def child_dies_with_me() -> Callable[[], None]:
 
 
 def announce_agent() -> None:
-    """Called by the node's elastic agent: its workers inherit its pid (`worker_dies_with_agent`)."""
+    """Called by the node's elastic agent: its workers inherit its pid
+    (`worker_dies_with_agent`)."""
     os.environ[AGENT_ENV] = str(os.getpid())
 
 

@@ -19,10 +19,11 @@ pod, so whatever is newer than the last durable checkpoint is lost unless it is 
 - The newest state is then committed through the durable tier's usual protocol (from a snapshot
   slot where tiers are on) if every rank expects its write to end within what is left of the
   grace (`time_allows`, one all-reduce); a write cut short by SIGKILL is never visible anyway.
-- A rank that was not asked to stop itself (a peer's node is draining) stops with the others, then fails
-  (`PeerTerminating`): its launcher or the Job restarts it to meet the replaced node, from the
-  checkpoint just committed. A rank that was asked returns normally (exit code 0), so neither
-  torchrun nor ft_launcher takes its end for a failure to restart; its launcher exits 143.
+- A rank that was not asked to stop itself (a peer's node is draining) stops with the others,
+  then fails (`PeerTerminating`): its launcher or the Job restarts it to meet the replaced
+  node, from the checkpoint just committed. A rank that was asked returns normally (exit code
+  0), so neither torchrun nor ft_launcher takes its end for a failure to restart; its launcher
+  exits 143.
 """
 
 from __future__ import annotations

@@ -37,5 +37,5 @@ def _fork_into_own_group() -> int:
 
 
 os.fork = _fork_into_own_group
-if agent() is not None:  # the fork server of a launcher that named itself (trainer.recovery.forkserver)
+if agent() is not None:  # the fork server of a launcher that named itself (forkserver.main)
     die_with_parent(agent())

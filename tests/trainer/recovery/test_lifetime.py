@@ -59,7 +59,8 @@ def _started(helper: str) -> str:
             "start_new_session=True)\n")
 
 
-HELPER = "import os, sys, time; sys.path.insert(0, sys.argv[1])\n{}\nopen(sys.argv[2], 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+HELPER = ("import os, sys, time; sys.path.insert(0, sys.argv[1])\n{}\n"
+          "open(sys.argv[2], 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
 
 
 def test_a_helper_following_its_parent_exits_once_the_parent_is_killed(tmp_path):

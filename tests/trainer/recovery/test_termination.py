@@ -27,7 +27,8 @@ def _rank(held: bool) -> subprocess.Popen:
     agent = ("import subprocess, sys\n"
              "from trainer.recovery import termination\n"
              f"{'termination.hold_in_agent()' if held else ''}\n"
-             "print('rank exit', subprocess.call([sys.executable, '-c', sys.argv[1]]), flush=True)\n")
+             "code = subprocess.call([sys.executable, '-c', sys.argv[1]])\n"
+             "print('rank exit', code, flush=True)\n")
     return subprocess.Popen([sys.executable, "-c", agent, RANK], cwd=ROOT, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
