@@ -4,6 +4,7 @@ names its holder by pid and start time (`trainer.recovery.lifetime`). Real proce
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -171,8 +172,6 @@ def _lease_file(path: Path, **holder) -> Path:
 
 
 def test_a_lease_holder_lives_while_one_of_its_processes_does(tmp_path):
-    import socket
-
     host = socket.gethostname()
     pid1 = ProcessId.of(1)
     live = _lease_file(tmp_path / "a", host=host,
@@ -185,19 +184,22 @@ def test_a_lease_holder_lives_while_one_of_its_processes_does(tmp_path):
     dead = _lease_file(tmp_path / "b", host=host,
                        processes=[{"pid": 1, "start": pid1.start + 1, "role": "launcher"},
                                   {"pid": os.getpid(), "start": 0, "role": "rank 0"}])
-    Lease(dead, warn=warnings.append).acquire()
+    lease = Lease(dead, warn=warnings.append)
+    lease.acquire()
     assert warnings and "no longer alive" in warnings[0]
     mine = json.loads((dead / "LEASE.json").read_text())
     assert mine["run"] != "other" and all(p["pid"] != 1 and p["start"] for p in mine["processes"])
+    lease.release()
+    assert not (dead / "LEASE.json").exists()
 
 
 def test_a_lease_that_names_pids_without_start_times_counts_only_its_renewal(tmp_path):
-    import socket
-
     old = _lease_file(tmp_path / "old", host=socket.gethostname(), pids=[os.getpid(), 1],
                       renewed_at=time.time() - 3600)
     warnings = []
-    Lease(old, warn=warnings.append).acquire()  # PID 1 lives, yet the holder is long gone
+    lease = Lease(old, warn=warnings.append)
+    lease.acquire()  # PID 1 lives, yet the holder is long gone
+    lease.release()
     assert warnings
     fresh = _lease_file(tmp_path / "fresh", host=socket.gethostname(), pids=[1])
     with pytest.raises(LeaseError):
