@@ -158,6 +158,11 @@ MODE_NAMES: tuple[str, ...] = tuple(m.value for m in RecoveryMode)
 # From the launcher's --master_port P: P the launcher's rendezvous store (torchrun's and
 # ft_launcher's TCPStore), P+1 the in-process Wrapper's store, P+2 the in-process application
 # store (one store; each attempt uses its own prefix in it).
+# Seconds between SIGTERM and SIGKILL at the least (the pod's terminationGracePeriodSeconds, the
+# trainer's --termination_grace): the time to finish a step and exit; a large checkpoint adds its
+# write time (scripts.plan.Plan.termination_grace_seconds).
+TERMINATION_GRACE_FLOOR_S = 120
+
 DEFAULT_MASTER_PORT = 29500
 PORTS_PER_JOB = 3
 INPROCESS_PORT_ENV = "NVRX_EKS_INPROCESS_PORT"  # the Wrapper's store port, set by the launcher

@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from config.contract import MODE_NAMES, RecoveryMode
+from config.contract import MODE_NAMES, TERMINATION_GRACE_FLOOR_S, RecoveryMode
 from config.presets import PRESETS
 
 FAULT_TYPES = ("exception", "hang", "sigkill", "segfault", "oom", "node")
@@ -105,6 +105,11 @@ class TrainConfig(BaseModel):
                                         "checkpoints", gt=0)
     startup_timeout: float = setting(1200.0, "seconds start-up (model, buffers, restore, first "
                                      "step) may take", "checkpoints", gt=0)
+    termination_grace: float = setting(
+        float(TERMINATION_GRACE_FLOOR_S), "seconds between SIGTERM and SIGKILL: on SIGTERM the "
+        "newest state is committed if its write fits, and the launcher waits this long for the "
+        "ranks", "checkpoints", gt=0,
+        pod="the pod's terminationGracePeriodSeconds, sized from the checkpoint's write time")
     # -- snapshot tiers -----------------------------------------------------------------------
     snapshot_interval: int = setting(0, "steps between snapshots (0: off)", "snapshot tiers",
                                      ge=0)

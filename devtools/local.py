@@ -26,8 +26,10 @@ from config.contract import FINAL_ERROR_ENV, PORTS_PER_JOB, RecoveryMode
 from trainer.accounting.events import events_dir, job_log
 from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
+from trainer.recovery.lifetime import child_dies_with_me
+from trainer.recovery.termination import SIGTERM_EXIT_CODE
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
-                                     launch_env)
+                                     launch_env, stop_on_sigterm)
 
 # Whole-job restarts by default where the Job is the only layer that recovers (baseline).
 JOB_RESTARTS = 10
@@ -144,7 +146,8 @@ def _start(args, cfg, trainer_args: list[str], run_dir: Path, port: int, attempt
         env = _launcher_env(spec, final, cfg)
         procs.append(subprocess.Popen(build_command(spec, node_args), env=env,
                                       stdout=None if node == 0 else log, stderr=subprocess.STDOUT
-                                      if node else None, start_new_session=True))
+                                      if node else None, start_new_session=True,
+                                      preexec_fn=child_dies_with_me()))
     return procs
 
 
@@ -176,6 +179,10 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
         failed = None
         try:
             while True:
+                if _TERMINATING:
+                    return stop_on_sigterm("devtools.local", procs,
+                                           lambda: any(p.poll() is None for p in procs),
+                                           cfg.termination_grace)
                 if final.exists():
                     break
                 codes = [p.poll() for p in procs]
@@ -209,7 +216,12 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
             break
         print(f"devtools.local: a launcher exited with {failed.returncode}; restarting the whole "
               f"job in {backoff:g} s (restart {attempt + 1} of {args.job_restarts})", flush=True)
-        time.sleep(backoff)
+        deadline = time.monotonic() + backoff
+        while time.monotonic() < deadline and not _TERMINATING:
+            time.sleep(0.05)
+        if _TERMINATING:
+            print("devtools.local: stopped by SIGTERM between two restarts", file=sys.stderr)
+            return SIGTERM_EXIT_CODE
         backoff = min(30.0, backoff * 2)
     print(f"devtools.local: error: mode {args.mode} could not recover (a launcher exited with "
           f"{failed.returncode}; {args.job_restarts} whole-job restarts allowed): "
@@ -254,13 +266,14 @@ def _cause(log_dir: Path) -> str:
     return "; ".join(seen) or "no error was recorded; see the log above"
 
 
-def _terminate_on_sigterm() -> None:
-    """A SIGTERM (timeout, Ctrl-C in a wrapper) stops the launchers too, via KeyboardInterrupt:
-    they run in their own sessions and would otherwise outlive us."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
+_TERMINATING: list[int] = []  # SIGTERM received: `supervise` stops the job as a pod would
 
-    signal.signal(signal.SIGTERM, handler)
+
+def _terminate_on_sigterm() -> None:
+    """A SIGTERM stops the job the way a pod's does (`trainer.recovery.launch.stop_on_sigterm`):
+    the ranks commit their newest state and end within --termination_grace, then this exits
+    143. Ctrl-C (KeyboardInterrupt) stops the launchers at once."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: _TERMINATING.append(signum))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -13,12 +13,15 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
-from config.contract import EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FORMATS
+from config.contract import (EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FORMATS,
+                             TERMINATION_GRACE_FLOOR_S)
+from config.presets import PRESETS
 from config.training import TrainConfig, batch_problem, describe
 from k8s import naming, outputs
 from k8s.errors import SynthError
 from k8s.image import TrainerImage, trainer_image
 from k8s.outputs import StackOutputs
+from scripts.plan import make_plan
 
 SHM_MOUNT = "/dev/shm"
 NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
@@ -147,6 +150,15 @@ class Deployment:
         return f"{SHM_MOUNT}/nvrx"
 
     @property
+    def termination_grace_s(self) -> int:
+        """SIGTERM to SIGKILL for a training pod, and the trainer's --termination_grace: sized
+        from the checkpoint's write time (`scripts.plan`). A model that is not a preset has no
+        known size: the floor then."""
+        if self.profile.trainer.model not in PRESETS:
+            return TERMINATION_GRACE_FLOOR_S
+        return make_plan(self.profile).termination_grace_seconds
+
+    @property
     def train(self) -> TrainConfig:
         """The pods' trainer settings: the profile's, with the paths and mode of this run."""
         return trainer_settings(self)
@@ -166,6 +178,7 @@ def trainer_settings(dep: Deployment) -> TrainConfig:
             **dep.profile.trainer.model_dump(), data_path=dep.data_dir,
             checkpoint_dir=dep.checkpoint_dir, results_path=dep.results_path,
             node_dir=dep.node_dir, device="cuda", mode=dep.mode,
+            termination_grace=dep.termination_grace_s,  # the pod's, to the second
             resume="auto")  # a restarted pod resumes; a new run starts in an empty directory
     except ValidationError as exc:
         raise SynthError(f"{where}: {describe(exc, lambda name: f'trainer.{name}')}") from None

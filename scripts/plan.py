@@ -7,17 +7,23 @@ Everything comes from the profile and the model preset's architecture numbers (n
   writers, so a checkpoint takes total bytes / (capacity in TiB x 200 MB/s) to write;
 - an asynchronous checkpoint must be written before the next one starts, or checkpoints queue
   up (or block training): write time <= checkpoint_interval x step time;
-- the snapshot tiers keep shard-sized slots in host memory per rank (config.contract).
+- the snapshot tiers keep shard-sized slots in host memory per rank (config.contract);
+- on SIGTERM a pod commits its newest state before SIGKILL: its grace period
+  (terminationGracePeriodSeconds, and the trainer's --termination_grace) holds one checkpoint
+  write with a margin (`termination_grace_seconds`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from config import Profile
-from config.contract import snapshot_bytes
+from config.contract import TERMINATION_GRACE_FLOOR_S, snapshot_bytes
 
 SCRATCH2_MB_PER_S_PER_TIB = 200
+GRACE_WRITE_FACTOR = 1.25  # FSx's throughput varies: the write must still end before SIGKILL
+GRACE_STOP_S = 60  # the rest of a stop: the step in flight, the snapshot copy, commit, exit
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class Plan:
     fsx_capacity_gib: int
     fsx_throughput_mb_s: float
     write_seconds: float
+    termination_grace_seconds: int
     checkpoint_interval_steps: int
     snapshot_bytes_per_rank: int
     host_bytes_per_node: int
@@ -49,6 +56,19 @@ class Plan:
 
 def fsx_throughput_mb_s(capacity_gib: int) -> float:
     return capacity_gib / 1024 * SCRATCH2_MB_PER_S_PER_TIB
+
+
+def fsx_write_seconds(total_bytes: int, capacity_gib: int) -> float:
+    """Seconds for all ranks together to write `total_bytes` to the file system."""
+    return total_bytes / (fsx_throughput_mb_s(capacity_gib) * 1e6)
+
+
+def termination_grace_seconds(write_seconds: float) -> int:
+    """SIGTERM to SIGKILL: one checkpoint write with a margin, and the rest of a stop; at least
+    the floor (config.contract). A write already in flight at SIGTERM is committed in it; a
+    newer one then only if it still fits (trainer.recovery.termination)."""
+    return max(TERMINATION_GRACE_FLOOR_S,
+               math.ceil(write_seconds * GRACE_WRITE_FACTOR + GRACE_STOP_S))
 
 
 def make_plan(profile: Profile, nodes: int | None = None) -> Plan:
@@ -71,6 +91,7 @@ def make_plan(profile: Profile, nodes: int | None = None) -> Plan:
         snapshots = int(tiers.memory_budget_gib * 2**30) or snapshot_bytes(
             per_rank, peer, durable=profile.trainer.checkpoint_interval > 0)
     throughput = fsx_throughput_mb_s(profile.storage.fsx_capacity_gib)
+    write_seconds = fsx_write_seconds(total, profile.storage.fsx_capacity_gib)
     return Plan(
         model=model,
         parameters=params,
@@ -80,7 +101,8 @@ def make_plan(profile: Profile, nodes: int | None = None) -> Plan:
         checkpoint_bytes_per_rank=per_rank,
         fsx_capacity_gib=profile.storage.fsx_capacity_gib,
         fsx_throughput_mb_s=throughput,
-        write_seconds=total / (throughput * 1e6),
+        write_seconds=write_seconds,
+        termination_grace_seconds=termination_grace_seconds(write_seconds),
         checkpoint_interval_steps=profile.trainer.checkpoint_interval,
         # Per rank: the snapshot slots (checkpoints are written from one), or without the
         # tiers one staging buffer of a shard.
@@ -98,6 +120,8 @@ def report(plan: Plan, step_seconds: float | None) -> tuple[list[str], list[str]
         f"checkpoint: {plan.checkpoint_bytes_total / gb:.1f} GB in total, {plan.checkpoint_bytes_per_rank / gb:.2f} GB per rank",
         f"FSx SCRATCH_2 {plan.fsx_capacity_gib} GiB: {plan.fsx_throughput_mb_s:.0f} MB/s, "
         f"one checkpoint takes {plan.write_seconds:.0f} s to write",
+        f"on SIGTERM a pod has {plan.termination_grace_seconds} s to commit its newest state "
+        "(terminationGracePeriodSeconds)",
         f"host memory per node for checkpoint buffers and snapshot tiers: "
         f"{plan.host_bytes_per_node / 2**30:.1f} GiB of {plan.node_memory_bytes / 2**30:.0f} GiB",
     ]

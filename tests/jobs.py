@@ -38,6 +38,16 @@ def pace(cache: Path) -> Pace:
     return _pace
 
 
+def recovery_flags(cache: Path) -> list[str]:
+    """The trainer's CPU recovery timeouts at this machine's pace."""
+    return pace(cache).recovery_flags()
+
+
+def runner_flags(cache: Path, mode: str) -> tuple[str, ...]:
+    """The local runner's flags for `mode` at this machine's pace."""
+    return tuple(pace(cache).runner_flags(mode))
+
+
 def stretched(seconds: float) -> float:
     """A bound of `seconds` on a fast machine, on this one: every job measures the pace first."""
     return _pace.seconds(seconds) if _pace is not None else seconds
@@ -77,6 +87,53 @@ def start_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str,
     return subprocess.Popen(local_cmd(mode, run_dir, *trainer_args, local_args=local_args),
                             cwd=ROOT, env=env_for(cache), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
+
+
+def launcher_flags(mode: str) -> tuple[str, ...]:
+    """The local runner's flags for `mode` that the pods' launcher takes too (the heartbeat
+    timeout), at this machine's pace (measured by the first job of the run)."""
+    if _pace is None:
+        raise RuntimeError("launcher_flags needs the pace: call pace(cache) first")
+    flags = _pace.runner_flags(mode)
+    if "--heartbeat_timeout" not in flags:
+        return ()
+    i = flags.index("--heartbeat_timeout")
+    return tuple(flags[i:i + 2])
+
+
+def launcher_cmd(mode: str, run_dir: Path, port: int, *trainer_args: str, nproc: int = 2
+                 ) -> list[str]:
+    """The node's launcher as a pod runs it (`trainer.recovery.launch`), one node, with the
+    local runner's flags that it takes too."""
+    return [sys.executable, "-m", "trainer.recovery.launch", "--mode", mode, "--nnodes", "1",
+            "--nproc_per_node", str(nproc), "--node_rank", "0", "--master_addr", "127.0.0.1",
+            "--master_port", str(port), *launcher_flags(mode), "--", *TINY,
+            "--checkpoint_dir", str(run_dir / "checkpoints"),
+            "--results_path", str(run_dir / "results.json"), *trainer_args]
+
+
+def start(cmd: list[str], cache: Path, run_dir: Path, extra_env: Optional[dict] = None
+          ) -> subprocess.Popen:
+    """`cmd` in a session of its own (its process group is its pid), output to the run's log."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir / "test-output.log", "a")
+    return subprocess.Popen(cmd, cwd=ROOT, env={**env_for(cache), **(extra_env or {})},
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def marked(name: str, value: str) -> list:
+    """The live processes (not zombies) whose environment has `name=value`: every process of a
+    job started with it, whatever started them and whoever adopted them."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(name) == value and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            pass
+    return found
 
 
 def kill_group(proc: subprocess.Popen) -> None:

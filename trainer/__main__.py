@@ -1,12 +1,18 @@
 import os
 import sys
 
-from trainer.cli import main
-from trainer.recovery.forkserver import forked_worker
-
 # The guard matters for forked workers: they run this file by path, and a process they spawn
 # (the checkpoint writer) re-imports it as `__mp_main__`.
 if __name__ == "__main__":
+    from trainer.recovery import termination
+    from trainer.recovery.forkserver import forked_worker
+    from trainer.recovery.lifetime import worker_dies_with_agent
+
+    termination.install()  # the launcher's stop signal, held until now
+    if not forked_worker():  # a forked worker died with its fork server from its first instant
+        worker_dies_with_agent()
+    from trainer.cli import main
+
     rc = main()
     if forked_worker():  # multiprocessing ends the process once every worker has returned
         if rc:

@@ -76,6 +76,22 @@ def _leave_with_failed_peers(hooks, rank: int, events) -> None:
     failfast.watch(leave)
 
 
+def stopped_line(cfg: TrainConfig, summary: dict) -> str:
+    """What a rank 0 stopped by SIGTERM says last: where the next run resumes, and why."""
+    step, latest = summary["steps_completed"], summary["committed_step"]
+    head = f"stopped by SIGTERM at step {step}"
+    if latest == step:
+        return f"{head}: checkpoint step {step} committed; the next run resumes from it"
+    resumes = f"the next run resumes from step {latest}" if latest is not None else \
+        "no checkpoint yet: the next run starts from step 0"
+    if not cfg.checkpoint_dir:
+        return f"{head}: no --checkpoint_dir, nothing kept"
+    need = summary["need_s"] or 0.0
+    return (f"{head}: step {step} not written, too little of the {cfg.termination_grace:g} s "
+            f"grace period (--termination_grace) was left for its write (about {need:.0f} s); "
+            f"{resumes}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args(argv)
     from config.contract import LAUNCHER_ID_ENV
@@ -114,7 +130,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             summary = run_inprocess(cfg, env, events, hooks)
         else:
             summary = run(cfg, env, events, hooks)
-        failed = False
+        # stopped by SIGTERM without committing its newest state: what the tiers hold stays
+        failed = bool(summary.get("stopped")) and \
+            summary["committed_step"] != summary["steps_completed"]
     except ConfigError as exc:  # a setting that only fails once the model is known
         events.emit("error", type="ConfigError", message=str(exc), fatal=True)
         record_final_error(f"rank {env.rank}: {exc}")
@@ -151,6 +169,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Tiers.release(hooks.process, failed)
         if dist.is_initialized():
             dist.destroy_process_group()
+    if summary.get("stopped"):  # no results.json: the run is not over, the next one resumes it
+        if env.rank == 0:
+            print(stopped_line(cfg, summary), flush=True)
+        return 0
     if env.rank == 0:
         results = write_results(cfg, summary)
         print(f"done: {results['steps_completed']} steps in {results.get('wall_seconds', 0):.1f} s, "

@@ -47,7 +47,6 @@ class Tiers:
                 run_settings.record(cfg)  # checked before launch: these are now the run's
             dist.barrier()
             process.leased = True
-        self.lease: Optional[Lease] = process.lease
         self.node_root = node_root(cfg.node_dir, cfg.checkpoint_dir, lineage_id(cfg.checkpoint_dir)) \
             if cfg.checkpoint_dir else None
         if process.checkpoints is not None:
@@ -150,8 +149,6 @@ class Tiers:
         durable_due = self.saves_durably(step)
         if self.checkpoints is not None:
             self.checkpoints.poll()
-        if self.lease is not None:
-            self.lease.renew()
         slot = None
         if self.snapshots is not None:
             self.snapshots.own.poll()
@@ -172,18 +169,37 @@ class Tiers:
         self.checkpoints.save(step, model, optimizer, slot.meta, final=final, source=slot.buffer,
                               on_written=lambda: own.unpin(slot))
 
-    def finish(self, step: int, model, optimizer, meta: MetaFn) -> None:
-        """The final checkpoint, committed. Nothing is released here: should a peer fail now,
-        the re-entered attempt still finds every tier as it was, so it never rewinds."""
+    def seconds_to_save(self, step: int) -> Optional[float]:
+        """The expected write time of a checkpoint of `step` after the one in flight; None when
+        there is nothing to write (no durable tier, or `step` is saved already)."""
+        if self.checkpoints is None or self.checkpoints.last_saved_step == step:
+            return None
+        return self.checkpoints.seconds_to_save()
+
+    def finish(self, step: int, model, optimizer, meta: MetaFn,
+               save: Optional[bool] = None) -> None:
+        """The last checkpoint (`save`; default: --final_checkpoint), committed, from a snapshot
+        slot where tiers are on: the newest one if it holds `step`, else one taken now. Nothing
+        is released here: should a peer fail now, the re-entered attempt still finds every
+        tier as it was, so it never rewinds."""
         if self.snapshots is not None:
             self.snapshots.own.poll(wait=True)
         if self.checkpoints is not None:
-            if self.checkpoints.last_saved_step != step and self.cfg.final_checkpoint:
-                newest = self.snapshots.own.newest() if self.snapshots is not None else None
-                slot = newest if newest is not None and newest.step == step else None
+            if self.checkpoints.last_saved_step != step and \
+                    (self.cfg.final_checkpoint if save is None else save):
+                slot = self._slot_of(step, model, optimizer, meta)
                 self._durable(step, model, optimizer, meta, slot, final=True)
             at_point("final", step, self.env.rank, self.cfg.checkpoint_dir, self.events)
             self.checkpoints.finish()
+
+    def _slot_of(self, step: int, model, optimizer, meta: MetaFn):
+        """A snapshot slot holding `step`, or None without tiers (or with every slot in use)."""
+        if self.snapshots is None:
+            return None
+        newest = self.snapshots.own.newest()
+        if newest is not None and newest.step == step:
+            return newest
+        return self.snapshots.snapshot(step, local_tensors(model, optimizer), meta(step))
 
     @staticmethod
     def release(process: ProcessState, failed: bool) -> None:

@@ -27,8 +27,6 @@ from k8s.deployment import (
 from k8s.environment import training_env
 from k8s.resources import CPU_LIMIT_SKIP, check_memory_budget, gib_quantity, shm_size_gib, training_resources
 
-# Time for the launcher to stop its workers and flush results/events on `stop` or a drain.
-TERMINATION_GRACE_S = 120
 PORTS = (
     ("rendezvous", naming.RENDEZVOUS_PORT),
     ("inproc-wrapper", naming.INPROCESS_WRAPPER_PORT),
@@ -141,7 +139,8 @@ class TrainingChart(Chart):
             automount_service_account_token=False,
             enable_service_links=False,
             restart_policy="Never",
-            termination_grace_period_seconds=TERMINATION_GRACE_S,
+            # SIGTERM to SIGKILL: the ranks commit their newest state in it (trainer.recovery.termination)
+            termination_grace_period_seconds=dep.termination_grace_s,
             security_context=pod.pod_security(),
             node_selector=pod.gpu_node_selector(dep.instance),
             tolerations=pod.gpu_tolerations(),

@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 from config import instance_spec
+from config.contract import TERMINATION_GRACE_FLOOR_S
 from config.training import pod_owned
 from k8s import naming
 from k8s.resources import SYSTEM_MEMORY_FRACTION, shm_size_gib
+from scripts.plan import make_plan
 
 
 def test_indexed_job_spans_every_node(synthesis) -> None:
@@ -225,3 +227,13 @@ def test_the_other_containers_have_cpu_and_memory_limits(synthesis) -> None:
         limits = container["resources"]["limits"]
         assert {"cpu", "memory"} <= limits.keys(), container["name"]
         assert limits["memory"] == container["resources"]["requests"]["memory"]
+
+
+def test_the_grace_period_holds_a_checkpoint_write_and_the_trainer_is_given_it(synthesis) -> None:
+    """SIGTERM to SIGKILL: the ranks commit their newest state within it. Sized from the write
+    time that `nvrx-eks plan` reports, and handed to the trainer to the second."""
+    grace = synthesis.pod_spec["terminationGracePeriodSeconds"]
+    plan = make_plan(synthesis.dep.profile)
+    assert grace == plan.termination_grace_seconds >= TERMINATION_GRACE_FLOOR_S
+    assert grace > plan.write_seconds
+    assert synthesis.args_value("--termination_grace") == str(grace)

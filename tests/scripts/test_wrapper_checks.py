@@ -6,11 +6,13 @@ the fake kubectl of conftest, whose argv log shows exactly what reached kubectl.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from config import load_profile
+from config.contract import TERMINATION_GRACE_FLOOR_S
 from scripts import plan as planning
 from scripts.nvrx_eks import main
 
@@ -96,10 +98,17 @@ def test_plan_arithmetic_by_hand() -> None:
     assert plan.fsx_throughput_mb_s == pytest.approx(1200 / 1024 * 200)  # 234.4 MB/s
     assert plan.write_seconds == pytest.approx(params * 12 / 234.375e6)  # about 411 s
     assert plan.min_step_seconds() == pytest.approx(plan.write_seconds / 500)
+    # on SIGTERM: the write with a quarter more, 60 s for the rest of the stop
+    assert plan.termination_grace_seconds == math.ceil(plan.write_seconds * 1.25 + 60)  # 574 s
     # Tiers memory,node,peer on 2 nodes with durable checkpoints: 2 alternating own slots, one
     # kept for the peer, one read by the durable writer, and 2 replica slots; no staging buffer.
     assert plan.snapshot_bytes_per_rank == 6 * plan.checkpoint_bytes_per_rank
     assert plan.host_bytes_per_node == 8 * 6 * plan.checkpoint_bytes_per_rank
+
+
+def test_a_small_checkpoints_grace_period_is_the_floor() -> None:
+    assert planning.termination_grace_seconds(5.0) == TERMINATION_GRACE_FLOOR_S
+    assert planning.termination_grace_seconds(1000.0) == 1310
 
 
 def test_plan_scales_with_nodes() -> None:

@@ -8,7 +8,6 @@ on storage; nothing here needs a collective except restore, where all ranks must
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -22,17 +21,12 @@ from trainer.atomic import read_json, write_json_atomic
 from trainer.buffers import HostBuffer, Layout, host_copy_stream
 from trainer.durable.state import local_tensors, overlapping_ranks, restore, shard_layout
 from trainer.durable.store import (CheckpointError, CheckpointStore, SaveStats, ShardFile, ShardWrite,
-                                   MANIFEST, StorageError, error_file, follow_worker, step_dir_name,
+                                   MANIFEST, StorageError, error_file, step_dir_name,
                                    write_shard)
 from trainer.recovery.phases import injected_delay
 
 MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
-
-
-def _warm_up(worker_pid: int) -> None:
-    """The first request: makes the writer process start (and import torch) ahead of need, and
-    tie its life to the worker's."""
-    follow_worker(worker_pid)
+COMMIT_POLL_S = 0.2  # rank 0's committer looks for landed checkpoints this often
 
 
 def staging_path(root: Path, rank: int) -> Path:
@@ -75,6 +69,9 @@ class CheckpointManager:
         self._uncommitted: list[int] = []  # rank 0: steps waiting for every rank's marker
         self._committing: Optional[threading.Thread] = None  # rank 0: a commit being published
         self._commit_error: Optional[Exception] = None
+        self._commits = threading.RLock()  # the pending steps, between training and committer
+        self._committer: Optional[threading.Thread] = None  # rank 0: `_keep_committing`
+        self._stop_committer = threading.Event()
         self.last_saved_step = -1
         self.keepalive = keepalive  # bounded waits keep heartbeats going
         self._on_written: Optional[Callable[[], None]] = None
@@ -116,8 +113,7 @@ class CheckpointManager:
         if self.use_async and self._writer is None:
             from trainer.recovery.nvrx_compat import AsyncWriter
 
-            self._writer = AsyncWriter()
-            self._writer.submit(_warm_up, os.getpid())  # finalized along with the first real write
+            self._writer = AsyncWriter(self.rank)  # its process ends with this one
 
     def save(self, step: int, model, optimizer, meta: dict, final: bool = False,
              source: Optional[HostBuffer] = None,
@@ -156,7 +152,9 @@ class CheckpointManager:
             if on_written:
                 on_written()
         if self.rank == 0:
-            self._uncommitted.append(step)
+            with self._commits:
+                self._uncommitted.append(step)
+            self._start_committer()
         if not self.use_async:
             dist.barrier()
             self.poll()
@@ -184,9 +182,8 @@ class CheckpointManager:
         saying which ones were late: a write that returned has left its marker behind."""
         self._commit_ready()  # also waits for a publish in the background to end
         t0, bound = time.time(), min(self.timeout_s, MARKER_GRACE_S)
-        while self._uncommitted:
+        while (step := self._oldest_uncommitted()) is not None:
             if time.time() - t0 > bound:
-                step = self._uncommitted[0]
                 missing = self.store.missing_markers(step, self.world_size)
                 raise CheckpointError(f"checkpoint step {step}: the writes of ranks {missing} "
                                       f"returned, but their markers did not appear within "
@@ -194,6 +191,7 @@ class CheckpointManager:
             self.keepalive()
             time.sleep(0.05)
             self._commit_ready()
+        self._commit_ready()  # the committer's publish of the last one, if it took it
         if time.time() - t0 > 1.0:
             self.log(f"rank 0: markers appeared {time.time() - t0:.1f} s after every write returned")
 
@@ -259,14 +257,19 @@ class CheckpointManager:
         thread: on a disk still busy with the writers it takes seconds, which the training loop
         must not spend (NVRx's progress timeouts would fire on every rank). Otherwise it waits
         for that thread first, so the caller sees everything committed that can be."""
-        if self._committing is not None:
-            if background and self._committing.is_alive():
-                return
-            self._committing.join()
-            error, self._commit_error = self._commit_error, None
-            self._committing = None
-            if error is not None:
-                raise error
+        with self._commits:
+            if self._committing is not None:
+                if background and self._committing.is_alive():
+                    return
+                self._committing.join()
+                error, self._commit_error = self._commit_error, None
+                self._committing = None
+                if error is not None:
+                    raise error
+            self._publish_landed(background)
+
+    def _publish_landed(self, background: bool) -> None:
+        """The part of `_commit_ready` after any earlier publish has ended (lock held)."""
         while self._uncommitted:
             step = self._uncommitted[0]
             markers = self.store.ready_markers(step, self.world_size)
@@ -281,6 +284,33 @@ class CheckpointManager:
             self._committing.start()
             return
 
+    def _oldest_uncommitted(self) -> Optional[int]:
+        with self._commits:
+            return self._uncommitted[0] if self._uncommitted else None
+
+    def _start_committer(self) -> None:
+        if self._committer is None:
+            self._stop_committer.clear()
+            self._committer = threading.Thread(target=self._keep_committing, daemon=True,
+                                               name="checkpoint-committer")
+            self._committer.start()
+
+    def _keep_committing(self) -> None:
+        """Rank 0, on a thread of its own: publish what has landed while the training thread
+        cannot (a peer hangs, an in-process restart waits at a barrier for a rank the watchdog
+        will kill), so `latest` never waits for the loop. A failed publish waits there for the
+        training thread, which raises it."""
+        while not self._stop_committer.wait(COMMIT_POLL_S):
+            with self._commits:
+                if self.rank != 0 or self._commit_error is not None:
+                    continue
+                if self._committing is not None:
+                    if self._committing.is_alive():
+                        continue
+                    self._committing.join()
+                    self._committing = None
+                self._publish_landed(background=True)
+
     def _publish(self, step: int, markers: list[dict]) -> None:
         time.sleep(injected_delay("commit"))
         self.store.commit(step, markers, {})
@@ -292,6 +322,15 @@ class CheckpointManager:
             self._publish(step, markers)
         except Exception as exc:  # raised on the training thread by the next _commit_ready
             self._commit_error = exc
+
+    def seconds_to_save(self) -> float:
+        """How long a new checkpoint would take to be written after the write in flight: the
+        last write's duration twice over while one is in flight, less what it has run; 0 before
+        any write has been timed."""
+        last = self.stats.write_seconds[-1] if self.stats.write_seconds else 0.0
+        if self._in_flight is None:
+            return last
+        return last + max(0.0, last - (time.time() - self._in_flight[1]))
 
     def wait_for_writer(self) -> None:
         """Block until this rank's background write is done (watched, never forever)."""
@@ -322,8 +361,9 @@ class CheckpointManager:
             self.log(f"rank {self.rank}: {exc}")
         dist.barrier()
         if self.rank == 0:
-            self._commit_ready()
-            self._uncommitted.clear()
+            with self._commits:
+                self._commit_ready()
+                self._uncommitted.clear()
         self._landing = None
 
     def finish(self) -> None:
@@ -342,6 +382,10 @@ class CheckpointManager:
         """Stop the writer and unmap the staging buffer. After a failure the writer is stopped at
         once and the buffer's file stays on the node: the next process of this rank maps it
         again instead of touching gigabytes of fresh pages while every rank waits."""
+        if self._committer is not None:
+            self._stop_committer.set()
+            self._committer.join()
+            self._committer = None
         if self._committing is not None and not failed:
             self._committing.join()
         if self._writer is not None:

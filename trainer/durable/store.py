@@ -14,14 +14,11 @@ manifest; a corrupt newer checkpoint is skipped with a warning that names it, ne
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,40 +167,11 @@ class ShardWrite:
     world_size: int
 
 
-_PARENT_WATCHED = False
-
-
-def follow_worker(worker_pid: int, poll_s: float = 0.5) -> None:
-    """From the writer's start: exit once the worker that started it is gone.
-
-    torchelastic stops a forked worker (`trainer.recovery.forkserver`) by signalling its pid alone, not
-    its process group, and a worker may die before its first write sets `_die_with_parent`.
-    That one cannot be set here: PR_SET_PDEATHSIG fires when the *thread* that started the
-    writer ends, and the starting thread (the start-up phase) is still running now."""
-    def watch() -> None:
-        while os.getppid() == worker_pid:
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="worker-watch").start()
-
-
-def _die_with_parent() -> None:
-    """A writer must not outlive its trainer and commit a shard nobody asked for any more."""
-    global _PARENT_WATCHED
-    if _PARENT_WATCHED or not os.path.exists("/proc/self"):
-        return
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    _PARENT_WATCHED = True
-
-
 def write_shard(req: ShardWrite) -> dict:
     """Write one rank's shard from its host buffer, fsync it, then publish its marker.
 
     Runs in NVRx's persistent checkpoint worker (async) or inline (sync).
     """
-    _die_with_parent()
     error_file(req.buffer_path).unlink(missing_ok=True)
     try:
         return _write_shard(req)
@@ -232,8 +200,10 @@ def _write_shard(req: ShardWrite) -> dict:
     import torch
 
     from trainer.buffers import Layout, map_file
+    from trainer.recovery.phases import injected_delay
 
     t0 = time.time()
+    time.sleep(injected_delay("write"))  # test hook: a slow file system
     out = Path(req.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / marker_name(req.rank)).unlink(missing_ok=True)  # a stale one must never be committed

@@ -24,7 +24,7 @@ class StepRecord:
 
     step: int
     lr: float
-    host: torch.Tensor                       # [loss, grad norm], filled once `copied` completes
+    host: torch.Tensor                       # [loss, grad norm, stops], filled once `copied` completes
     t0: float                                # host clock when the step began
     start: Optional["torch.cuda.Event"] = None
     end: Optional["torch.cuda.Event"] = None     # the step's work complete
@@ -41,6 +41,11 @@ class StepRecord:
     @property
     def grad_norm(self) -> float:
         return float(self.host[1])
+
+    @property
+    def stop_requests(self) -> int:
+        """How many ranks had been asked to stop when they began this step."""
+        return round(float(self.host[2]))
 
 
 class StepReadback:

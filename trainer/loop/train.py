@@ -36,6 +36,7 @@ from trainer.loop.precision import Precision
 from trainer.loop.precision import choose as choose_precision
 from trainer.loop.profiling import StepProfiler, profile_line
 from trainer.loop.weights import initialize_weights, param_fingerprint
+from trainer.recovery import termination
 from trainer.recovery.phases import join_interrupted
 from trainer.tiers import Tiers
 
@@ -111,9 +112,11 @@ def check_finite(step: int, loss: float, grad_norm: float) -> None:
 
 def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, grad_clip: float,
                world_size: int, tokens_per_step: int,
-               before_optimizer: Callable[[], None] = lambda: None) -> torch.Tensor:
-    """One optimizer step over this rank's micro-batches; returns [loss, grad norm] on the
-    device, not read back: the loss is the mean over every token of the global batch.
+               before_optimizer: Callable[[], None] = lambda: None,
+               stop: bool = False) -> torch.Tensor:
+    """One optimizer step over this rank's micro-batches; returns [loss, grad norm, ranks that
+    asked to stop] on the device, not read back: the loss is the mean over every token of the
+    global batch; `stop` (this rank was asked to stop) rides in the loss's all-reduce.
 
     Each token weighs 1 / tokens_per_step whichever rank and micro-batch holds it; FSDP averages
     gradients over ranks, hence the factor world_size. So world 1 with batch 4 and world 2 with
@@ -136,9 +139,10 @@ def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, g
     before_optimizer()  # snapshot copies of the previous step must finish reading the state
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    loss = loss_sum / tokens_per_step
-    dist.all_reduce(loss)  # queued like any collective: no host sync
-    return torch.stack([loss, grad_norm.detach().to(loss.dtype)])
+    reduced = torch.stack([loss_sum / tokens_per_step, torch.full_like(loss_sum, float(stop))])
+    dist.all_reduce(reduced)  # queued like any collective: no host sync
+    loss, stops = reduced.unbind()
+    return torch.stack([loss, grad_norm.detach().to(loss.dtype), stops])
 
 
 @dataclass
@@ -243,6 +247,7 @@ class Loop:
         self.tiers, self.faults, self.precision = built.tiers, built.faults, built.precision
         self.sampler = GlobalSampler(len(self.data), cfg.seed)
         self.step, self.last_loss = 0, 0.0
+        self.stopping = False  # a rank was asked to stop: stop after this step (`termination`)
         self.global_batch = cfg.global_batch_size or cfg.batch_size * env.world_size
         if built.meta is not None:
             self._resume(built.meta)
@@ -279,7 +284,7 @@ class Loop:
     def train(self) -> None:
         """Steps to max_steps, each reported one step later, when its figures are on the host."""
         cfg, hooks = self.cfg, self.hooks
-        while self.step < cfg.max_steps:
+        while self.step < cfg.max_steps and not self.stopping:
             self.faults.at_step(self.step + 1)
             self.profiler.before(self.step + 1)
             if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: bounded
@@ -309,7 +314,8 @@ class Loop:
             rec.indices.extend(indices)
             micro.append(to_device(np.stack([self.data.sample(i) for i in indices]), env.device))
         stats = train_step(self.model, self.optimizer, micro, rec.lr, cfg.grad_clip,
-                           env.world_size, self.tokens_per_step, self.tiers.fence)
+                           env.world_size, self.tokens_per_step, self.tiers.fence,
+                           stop=termination.requested())
         self.readback.queue(rec, stats)
         return rec
 
@@ -321,6 +327,10 @@ class Loop:
     def report(self, rec: StepRecord) -> None:
         self.verify(rec)
         self.last_loss = rec.loss
+        if rec.stop_requests and not self.stopping:  # every rank reads the same step's count
+            self.stopping = True
+            self.events.emit("stop_requested", step=rec.step, ranks=rec.stop_requests,
+                             signalled=termination.requested())
         self.perf.add(rec.dt)
         if self.env.rank == 0:
             self.events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall, loss=rec.loss,
@@ -345,6 +355,8 @@ class Loop:
         """The final checkpoint and this rank's summary. The fingerprint's all-reduce comes
         first: in tiers.finish, rank 0 publishes the final checkpoint after the last collective,
         so no rank waits for that in a collective."""
+        if self.stopping:
+            return self.finish_stopped()
         param_sha256 = param_fingerprint(self.model)
         self.tiers.finish(self.step, self.model, self.optimizer, self.meta)
         self.faults.close()
@@ -352,3 +364,23 @@ class Loop:
                 "param_sha256": param_sha256, "compute_dtype": self.precision.name,
                 "global_batch_size": self.global_batch,
                 "accumulation_steps": self.accum, **self.perf.summary(), **self.tiers.stats()}
+
+    def finish_stopped(self) -> dict:
+        """Asked to stop: commit this step if it is newer than the last checkpoint and every
+        rank expects the write to fit in the grace left (`termination`); no hash, no final
+        figures. Returns what the stop kept, for the exit line."""
+        cfg, tiers = self.cfg, self.tiers
+        t0 = time.perf_counter()
+        need = tiers.seconds_to_save(self.step)
+        save = need is not None and termination.time_allows(need, cfg.termination_grace,
+                                                            self.env.device)
+        tiers.finish(self.step, self.model, self.optimizer, self.meta, save=save)
+        latest = tiers.checkpoints.store.latest_step() if tiers.checkpoints is not None else None
+        self.events.emit("stopped", step=self.step, committed=latest, wrote=save,
+                         need_s=need, seconds=time.perf_counter() - t0)
+        if not termination.requested():
+            raise termination.PeerTerminating(
+                f"another rank was asked to stop (SIGTERM); stopped with it at step "
+                f"{self.step}, newest checkpoint: step {latest}")
+        return {"steps_completed": self.step, "stopped": True, "committed_step": latest,
+                "need_s": need, "wrote": save}

@@ -6,7 +6,8 @@ its workers as functions (`--run-path`) through multiprocessing's fork server: o
 node imports `PRELOAD` once, and each worker of each restart is forked from it with those modules
 in place. The fork server never initializes CUDA (a forked CUDA context is unusable), and none of
 these modules does on import; every worker sets up its own device. Each worker leads its own
-process group, as a command-line worker does (`trainer.recovery.worker_groups`).
+process group, as a command-line worker does, and the fork server and its workers die with this
+launcher (`trainer.recovery.worker_groups`).
 
     python -m trainer.recovery.forkserver <ft_launcher flags> --run-path --start-method=forkserver \\
         <trainer/__main__.py> <trainer flags>
@@ -19,6 +20,9 @@ import multiprocessing
 import os
 import sys
 from pathlib import Path
+
+from trainer.recovery.lifetime import announce_agent
+from trainer.recovery.termination import hold_in_agent
 
 # What a worker imports before its first step; a module missing here is imported by each worker.
 PRELOAD = (
@@ -60,6 +64,8 @@ def plain_elastic_logs() -> None:
 
 
 def main() -> None:
+    announce_agent()  # before the fork server starts: it inherits the environment...
+    hold_in_agent()  # ...and the signal mask
     os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
     plain_elastic_logs()
     multiprocessing.set_forkserver_preload(list(PRELOAD))

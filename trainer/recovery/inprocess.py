@@ -29,8 +29,10 @@ from trainer.errors import ConfigError, FinalError
 from trainer.loop.distributed import DistEnv, dist_env
 from trainer.loop.hooks import Hooks
 from trainer.loop.train import run
-from trainer.recovery.nvrx_compat import interruption_records, restart_health_check
+from trainer.recovery.nvrx_compat import (interruption_records, record_watchdog_kills,
+                                          restart_health_check)
 from trainer.recovery.phases import PhaseTimeout
+from trainer.recovery.termination import PeerTerminating
 
 
 # NVRx's names of what interrupted a rank, in the event log's words (accounting.events.Detection).
@@ -118,6 +120,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: Re
     health = _timed_checks(events, "health_check", inprocess.Compose(*checks))
     wrapper_port, app_port = inprocess_ports(os.environ)
     min_world = cfg.min_world_size or env.world_size
+    record_watchdog_kills(events, cfg.soft_timeout, cfg.hard_timeout)
     wrapper = inprocess.Wrapper(
         store_kwargs={"port": wrapper_port, "timeout": timedelta(seconds=cfg.barrier_timeout)},
         initialize=inprocess.initialize.RetryController(
@@ -153,11 +156,12 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: Re
 
 class Attempts:
     """Ends the job when restarting cannot help: an error no restart fixes (a bad setting, a
-    phase past its bound), or the same error again from an attempt that trained no step after
-    one that also trained none. One clear error then, instead of a restart storm up to the
-    iteration limit."""
+    phase past its bound), a stop with ranks that got SIGTERM (they are leaving the job: the
+    launcher or the Job restarts this one), or the same error again from an attempt that
+    trained no step after one that also trained none. One clear error then, instead of a
+    restart storm up to the iteration limit."""
 
-    FATAL = (ConfigError, FinalError, PhaseTimeout)
+    FATAL = (ConfigError, FinalError, PhaseTimeout, PeerTerminating)
 
     def __init__(self) -> None:
         self.last: Optional[str] = None  # cause of the previous failed attempt, if it trained nothing

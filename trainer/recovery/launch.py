@@ -11,6 +11,10 @@ Rendezvous: node rank 0 hosts the store (`is_host`), never decided from a DNS an
 stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
 rank is the pod's completion index (`--node-rank`, and GROUP_RANK for NVRx versions that take
 the infrastructure's rank), so ranks keep their order at any node count.
+
+Lifetimes (`trainer.recovery.lifetime`): the elastic agent this process starts dies with it, and
+every process under the agent dies with the agent, whatever killed it: nothing of a run outlives
+its launcher and trains on into the checkpoint directory.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,12 +32,16 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from config.contract import (DEFAULT_MASTER_PORT, EVENTS_DIR_ENV, FINAL_ERROR_ENV,
-                             INPROCESS_PORT_ENV, LAUNCHER_ID_ENV, NODE_RANK_ENV, RecoveryMode,
-                             process_env, wrapper_store_port)
+                             INPROCESS_PORT_ENV, LAUNCHER_ID_ENV, NODE_RANK_ENV,
+                             TERMINATION_GRACE_FLOOR_S, RecoveryMode, process_env,
+                             wrapper_store_port)
 from trainer.config import MODES
+from trainer.durable.lease import RUN_ID_ENV
+from trainer.recovery.lifetime import ProcessId, child_dies_with_me
+from trainer.recovery.termination import SIGTERM_EXIT_CODE, STOP_SIGNAL
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,7 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
         return [*launcher, *launcher_args(), "--mode", spec.mode, *trainer_args]
     # baseline and in-process alone: a process death ends the job; the Job (or the local
     # supervisor) restarts everything, like the published Kubernetes baseline.
-    launcher = [py, "-m", "torch.distributed.run", f"--nnodes={spec.nnodes}",
+    launcher = [py, "-m", "trainer.recovery.torchrun", f"--nnodes={spec.nnodes}",
                 f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
                 f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
                 f"--rdzv-conf={rdzv_conf(spec)}",
@@ -90,6 +99,10 @@ def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
     completed with the mode's `contract.process_env` for the trainer config `cfg`. What `base`
     already sets wins: a pod's manifest sets the same values."""
     env = dict(os.environ if base is None else base)
+    # One launch is one run, also where the rendezvous id is the same every time; a pod's
+    # manifest and the local runner name the run themselves (restarts included).
+    env.setdefault(RUN_ID_ENV, f"launch-{socket.gethostname()}-{os.getpid()}-"
+                               f"{ProcessId.current().start}")
     env[INPROCESS_PORT_ENV] = str(wrapper_store_port(spec.master_port))
     env["GROUP_RANK"] = str(spec.node_rank)  # NVRx's infrastructure group rank
     # The event log: this node's file (torchelastic renumbers GROUP_RANK at each rendezvous),
@@ -166,7 +179,8 @@ def check(spec: LaunchSpec, cfg) -> None:
         sys.exit(2)
 
 
-def supervise(cmd: list[str], env: dict) -> int:
+def supervise(cmd: list[str], env: dict,
+              grace_s: float = float(TERMINATION_GRACE_FLOOR_S)) -> int:
     """Run the launcher; end it as soon as a rank records an error that no restart can fix.
 
     torchrun and ft_launcher turn any worker failure into their own exit code 1 (ft_launcher
@@ -174,19 +188,29 @@ def supervise(cmd: list[str], env: dict) -> int:
     writes it to FINAL_ERROR_ENV's file; this process then stops the launcher and exits 2,
     which the local runner and the Job's pod failure policy never retry. Any other failed exit
     is recorded in the node's event log: the Job restarts the pod for it.
+
+    SIGTERM (the pod's, to PID 1) reaches the workers as the stop signal: they commit their
+    newest state and stop (`trainer.recovery.termination`); this process waits for them up to
+    `grace_s` and exits 143 (`stop_on_sigterm`). SIGINT goes to the launcher, which tears them
+    down at once.
     """
     final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
     become_subreaper()
-    proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)})
+    proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)},
+                            preexec_fn=child_dies_with_me())
+    terminating: list[int] = []
 
-    def forward(signum, frame) -> None:  # the pod's SIGTERM (to PID 1) reaches the launcher
+    def forward(signum, frame) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    while not reap_orphans(proc) and not final.exists():
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminating.append(signum))
+    while not reap_orphans(proc) and not final.exists() and not terminating:
         time.sleep(0.2)
+    if terminating:
+        return stop_on_sigterm("python -m trainer.recovery.launch", [proc],
+                               lambda: not reap_orphans(proc), grace_s)
     if proc.returncode not in (0, 2, None) and not final.exists():
         from trainer.recovery.launcher_events import record_launcher_exit
 
@@ -203,6 +227,68 @@ def supervise(cmd: list[str], env: dict) -> int:
               flush=True)
         return 2
     return proc.returncode
+
+
+def worker_pids(agent: int) -> set[int]:
+    """The workers under an elastic agent: its descendants that lead a process group of their
+    own (torch elastic starts command-line workers in sessions of their own, the fork server
+    gives forked ones a group each). The agent's helpers (the fork server, rank monitors) and
+    the workers' own (the checkpoint writer) stay in their parent's group."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(agent).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for proc in descendants:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(proc.pid) == proc.pid:
+                found.add(proc.pid)
+    return found
+
+
+def stop_workers(agents: Sequence[int], running: Callable[[], bool], grace_s: float,
+                 poll_s: float = 0.2) -> bool:
+    """Send the stop signal to the workers of these agents, and of any the agents start
+    meanwhile, until the agents have ended (`running` turns False) or `grace_s` has passed;
+    True if they ended.
+
+    The workers, not the agents: torchrun and ft_launcher take a SIGTERM for the end of the
+    job, send it on to their workers (which die of it) and exit with a failure. The workers
+    commit their newest state and exit 0, so the agents end as after a completed run."""
+    deadline = time.monotonic() + grace_s
+    signalled: set[int] = set()
+    while running():
+        if time.monotonic() > deadline:
+            return False
+        for agent in agents:
+            for pid in worker_pids(agent) - signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, STOP_SIGNAL)
+                signalled.add(pid)
+        time.sleep(poll_s)
+    return True
+
+
+def stop_on_sigterm(prog: str, agents: Sequence[subprocess.Popen], running: Callable[[], bool],
+                    grace_s: float) -> int:
+    """A launcher's SIGTERM: the workers stop as `stop_workers` has them, within `grace_s`, or
+    the agents are killed (and everything under them with them). Returns the exit code, 143."""
+    t0 = time.monotonic()
+    print(f"{prog}: SIGTERM: the ranks commit their newest state and stop (grace {grace_s:g} s)",
+          file=sys.stderr, flush=True)
+    ended = stop_workers([a.pid for a in agents], running, grace_s)
+    if not ended:
+        for agent in agents:
+            with contextlib.suppress(ProcessLookupError):
+                agent.kill()
+        while running():
+            time.sleep(0.05)
+    how = "the ranks ended" if ended else f"the ranks had not ended after {grace_s:g} s: killed"
+    print(f"{prog}: stopped by SIGTERM, {how} ({time.monotonic() - t0:.1f} s)", file=sys.stderr,
+          flush=True)
+    return SIGTERM_EXIT_CODE
 
 
 def become_subreaper() -> None:
@@ -245,7 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check(spec, cfg)  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     print("launch:", " ".join(cmd), flush=True)
-    return supervise(cmd, launch_env(spec, cfg))
+    return supervise(cmd, launch_env(spec, cfg), cfg.termination_grace)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,13 @@ Differences absorbed:
   NVRx's queue and persistent worker directly, which also works on CPU-only builds.
 - `TorchAsyncCheckpoint.close()` exists only from 0.5; 0.4.1 closes through `finalize_async_save`.
 - A dead persistent worker makes NVRx's blocking finalize wait forever: the worker process is
-  watched here (`writer_alive`).
+  watched here (`worker_exitcode`). NVRx starts that worker from whichever thread makes the
+  first request and never ties it to the rank; here it is started by `AsyncWriter` itself,
+  running NVRx's loop behind `lifetime.follow_parent`, so it ends with its rank from its
+  first instant.
+- ft_launcher's rank monitors (forked in 0.4.1, spawned in some later versions) serve until
+  told to stop: a killed launcher left them running. They run behind `lifetime.follow_parent`
+  too (`use_rank_monitors_following_launcher`).
 - ft_launcher: heartbeat timeouts default to None (no hang detection) from 0.6, so they are
   always passed; `--ft-restart-policy` is a deprecated no-op from 0.6 and only passed before.
   Before 0.5 its vendored copy of torchelastic reads `.pid` off a failed function worker's
@@ -18,7 +24,9 @@ Differences absorbed:
   sleep (`use_prompt_rendezvous`).
 - inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU,
   NVLink and NIC checks to every restart whenever LOCAL_RANK is set, which fail on CPU ranks
-  (`restart_health_check`).
+  (`restart_health_check`). Its monitor process ends a rank that made no progress for the hard
+  timeout with SIGTERM (SIGKILL a grace later) and says so only in its own log, which is off:
+  `record_watchdog_kills` has it say so in the run's event log first.
 - What NVRx detects, for the event log: the Wrapper's interruption records live in its store
   (`interruption_records`); ft_launcher's failed workers and its rank monitors' heartbeat
   timeouts are seen only inside the launcher, through its agent's `_monitor_workers` and the
@@ -31,12 +39,15 @@ import contextlib
 import functools
 import inspect
 import logging
+import multiprocessing
 import os
 import signal
 import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from trainer.recovery.lifetime import follow_parent
 
 NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
 
@@ -51,11 +62,26 @@ def _async_checkpoint_class():
 
 
 class AsyncWriter:
-    """NVRx's TorchAsyncCheckpoint (persistent worker process) running our shard writer."""
+    """NVRx's TorchAsyncCheckpoint (persistent worker process) running our shard writer. The
+    worker process starts now, in the background (it imports torch before its first write)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int) -> None:
         cls, self._request_cls = _async_checkpoint_class()
         self._ckpt = cls(persistent_queue=True)
+        self._start_worker(rank)
+
+    def _start_worker(self, rank: int) -> None:
+        """Start NVRx's persistent worker as its first request would, with the same queues and
+        loop, behind a watch of this process (`_persistent_worker`)."""
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
+
+        caller = self._ckpt._async_calls_queue._get_async_caller()
+        caller.rank = rank
+        caller.process = multiprocessing.get_context("spawn").Process(
+            target=_persistent_worker, name=f"checkpoint-writer-{rank}",
+            args=(os.getpid(), rank, caller.queue, caller.preload_q, caller.comp_q,
+                  logging.getLogger(core.__name__).getEffectiveLevel()))
+        caller.process.start()
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> None:
         """Queue `fn(arg)` for the background worker; returns at once."""
@@ -98,6 +124,16 @@ class AsyncWriter:
             self._ckpt.finalize_async_save(blocking=True, no_dist=True, terminate=True)
 
 
+def _persistent_worker(parent: int, *loop_args) -> None:
+    """The checkpoint writer process: NVRx's persistent loop, ending with the rank that started
+    it. The rank starts it from its start-up phase's thread, which ends long before the rank: a
+    parent-death signal would fire then, so the parent is polled instead."""
+    follow_parent(parent)
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
+
+    PersistentAsyncCaller.async_loop(*loop_args)
+
+
 def ft_launcher_flags(max_restarts: int, heartbeat_timeout: float, initial_heartbeat_timeout: float,
                       monitor_interval: float) -> list[str]:
     """ft_launcher's own flags, spelled for the installed NVRx."""
@@ -126,6 +162,7 @@ def ft_launcher_main() -> int:
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
     use_stop_worker_groups(launcher)
+    use_rank_monitors_following_launcher()
     try:
         from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import \
             _RendezvousBarrierState
@@ -142,6 +179,32 @@ def use_stop_worker_groups(launcher) -> None:
     cleanup = getattr(launcher, "terminate_mp_processes", None)
     if cleanup is not None and list(inspect.signature(cleanup).parameters) == ["allowed_pgids"]:
         launcher.terminate_mp_processes = stop_worker_groups
+
+
+_rank_monitor_run: Optional[Callable[..., None]] = None  # NVRx's, once replaced in this process
+
+
+def use_rank_monitors_following_launcher() -> None:
+    """Every rank monitor this launcher starts runs `_rank_monitor_following_launcher`. A forked
+    one calls it directly; a spawned one unpickles it by name from this module, in a process
+    where NVRx's class is untouched."""
+    global _rank_monitor_run
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
+
+    if _rank_monitor_run is None:
+        _rank_monitor_run = RankMonitorServer.run
+        RankMonitorServer.run = staticmethod(_rank_monitor_following_launcher)
+
+
+def _rank_monitor_following_launcher(*args, **kwargs) -> None:
+    """A rank monitor: NVRx's server, ending with the launcher that started it."""
+    follow_parent(multiprocessing.parent_process().pid)
+    run = _rank_monitor_run
+    if run is None:  # a spawned monitor: NVRx's own, by its name
+        from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
+
+        run = RankMonitorServer.run
+    run(*args, **kwargs)
 
 
 def use_prompt_rendezvous(state: type) -> None:
@@ -208,6 +271,34 @@ def _signal_group(pgid: int, sig: int) -> bool:
     except OSError:
         log.warning("could not signal process group %s", pgid, exc_info=True)
     return True
+
+
+def record_watchdog_kills(events, soft_timeout_s: float, hard_timeout_s: float) -> None:
+    """Before the in-process Wrapper first runs: the monitor process it forks from this rank
+    records, before it kills the rank, which rank it kills, with which signals, and after which
+    timeouts (an `error` event of type WatchdogTimeout). NVRx calls the module's
+    `terminate_process` for that kill alone."""
+    from nvidia_resiliency_ext.inprocess import monitor_process
+
+    kill = monitor_process.terminate_process
+    if getattr(kill, "records_watchdog_kills", False):
+        return
+
+    @functools.wraps(kill)
+    def record_then_kill(process, termination_grace_time, *args, **kwargs):
+        grace = termination_grace_time.total_seconds()
+        try:
+            events.emit("error", type="WatchdogTimeout", target_pid=process.pid, message=(
+                f"no progress within the hard timeout (--hard_timeout {hard_timeout_s:g} s; the "
+                f"soft timeout, --soft_timeout {soft_timeout_s:g} s, fired first and did not bring "
+                f"it back): NVRx's in-process watchdog ends pid {process.pid} with SIGTERM, and "
+                f"SIGKILL {grace:g} s later"))
+        except OSError:  # no event log to write: the kill goes ahead all the same
+            pass
+        return kill(process, termination_grace_time, *args, **kwargs)
+
+    record_then_kill.records_watchdog_kills = True
+    monitor_process.terminate_process = record_then_kill
 
 
 def restart_health_check(wrapper) -> Optional[Any]:

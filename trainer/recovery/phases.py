@@ -25,7 +25,7 @@ import torch
 
 T = TypeVar("T")
 
-SLOW_PHASE_ENV = "NVRX_EKS_SLOW_PHASE"  # test hook: "startup=8,first_step=8,commit=8" (s)
+SLOW_PHASE_ENV = "NVRX_EKS_SLOW_PHASE"  # test hook: "startup=8,first_step=8,commit=8,write=2" (s)
 _POLL_S = 0.05
 
 _running: Optional[threading.Thread] = None  # the phase thread of this process, if any

@@ -47,50 +47,6 @@ def test_every_preloaded_module_imports_without_touching_cuda():
     assert proc.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_a_helper_exits_once_its_worker_is_killed(tmp_path):
-    """The checkpoint writer follows a worker that the launcher SIGKILLs alone."""
-    ready = tmp_path / "helper.pid"
-    helper = (f"import os, time, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from trainer.durable.store import follow_worker\n"
-              "follow_worker(os.getppid(), poll_s=0.05)\n"
-              f"open({str(ready)!r}, 'w').write(str(os.getpid()))\n"
-              "time.sleep(600)\n")
-    worker = subprocess.Popen([sys.executable, "-c",
-                               f"import subprocess, sys, time; subprocess.Popen([sys.executable, "
-                               f"'-c', {helper!r}]); time.sleep(600)"])
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists() or not ready.read_text():
-            assert time.monotonic() < deadline, "the helper never started"
-            time.sleep(0.05)
-        helper_pid = int(ready.read_text())
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
-        while _alive(helper_pid):
-            assert time.monotonic() < deadline, "the helper outlived its worker"
-            time.sleep(0.05)
-    finally:
-        worker.kill()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-
-
-def test_a_helper_of_a_worker_already_gone_exits_at_once():
-    proc = subprocess.run([sys.executable, "-c",
-                           "import os, sys, time\n"
-                           f"sys.path.insert(0, {str(ROOT)!r})\n"
-                           "from trainer.durable.store import follow_worker\n"
-                           "follow_worker(os.getppid() + 1_000_000, poll_s=0.05)\n"
-                           "time.sleep(60)\n"], timeout=120)
-    assert proc.returncode == 1
-
-
 def _group(code: str) -> subprocess.Popen:
     """A process leading a process group of its own, like a forked worker."""
     return subprocess.Popen([sys.executable, "-c", code], start_new_session=True,

@@ -6,16 +6,15 @@ import signal
 
 import pytest
 
-from devtools.demo import runner_flags
 from devtools.local import EVERY_STEP_TIERS
-from tests.jobs import (FAST_RECOVERY, INTERVAL, STEPS, events, first, ok, results, start_local,
-                        wait_for)
+from tests.jobs import (INTERVAL, STEPS, events, first, ok, recovery_flags, results, runner_flags,
+                        start_local, wait_for)
 
 
 def _job(cache_dir, mode, run_dir, *extra):
     return start_local(cache_dir, mode, run_dir, "--max_steps", str(STEPS), "--checkpoint_interval",
-                       str(INTERVAL), *EVERY_STEP_TIERS, *FAST_RECOVERY, *extra,
-                       local_args=tuple(runner_flags(mode)))
+                       str(INTERVAL), *EVERY_STEP_TIERS, *recovery_flags(cache_dir), *extra,
+                       local_args=runner_flags(cache_dir, mode))
 
 
 def _rank1_after_step(run_dir, step: int) -> int:

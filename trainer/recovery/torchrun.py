@@ -1,0 +1,16 @@
+"""torchrun, in a process that names itself to its workers (`lifetime.announce_agent`), so each
+command-line worker dies with it (`lifetime.worker_dies_with_agent`), and that holds the stop
+signal blocked for them (`termination.hold_in_agent`).
+
+    python -m trainer.recovery.torchrun <torchrun flags> -m trainer <trainer flags>
+"""
+
+from trainer.recovery.lifetime import announce_agent
+from trainer.recovery.termination import hold_in_agent
+
+if __name__ == "__main__":
+    announce_agent()
+    hold_in_agent()
+    from torch.distributed.run import main
+
+    main()
