@@ -80,6 +80,11 @@ class Detection(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
+def utc_stamp(t: float) -> str:
+    """An event's time as rank-0 log lines show it: 2026-01-31T12:00:03Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def events_dir(output_dir: str | Path) -> Path:
     """The run's event directory, in the directory of results.json (`TrainConfig.output_dir`)."""
     return Path(output_dir) / DIRNAME

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
+from trainer.accounting.events import utc_stamp
 from trainer.buffers import host_copy_stream
 
 
@@ -179,9 +180,8 @@ class StepFigures:
     memory_total_gib: Optional[float] = None
 
     def line(self) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.time))
         tps = self.tokens_per_second
-        return (f"{stamp} step {self.step:>6}/{self.max_steps} | loss {self.loss:.4f} | "
+        return (f"{utc_stamp(self.time)} step {self.step:>6}/{self.max_steps} | loss {self.loss:.4f} | "
                 f"grad norm {self.grad_norm:.3f} | lr {self.lr:.2e} | "
                 f"{tps:>10,.0f} tok/s ({self.tokens_per_second_per_gpu:,.0f}/gpu, with stalls) | "
                 + (f"MFU {self.mfu_pct:.1f}% | " if self.mfu_pct is not None else "")

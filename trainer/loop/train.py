@@ -215,7 +215,8 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     loop = Loop(cfg, env, events, hooks, built, log)
     for fn in hooks.on_ready:
         fn()
-    events.emit("train_start", step=loop.step, iteration=hooks.iteration)
+    events.emit("train_start", step=loop.step, iteration=hooks.iteration,
+                max_steps=cfg.max_steps, tokens_per_step=loop.tokens_per_step)
     loop.train()
     summary = hooks.phase("final", loop.finish, cfg.checkpoint_timeout + cfg.startup_timeout,
                           env.device)
