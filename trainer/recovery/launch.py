@@ -5,9 +5,9 @@ local runner, so the cluster and a laptop start workers the same way.
 
 Ports from --master_port P follow `config.contract` (P the launcher's rendezvous store, P+1 the
 in-process wrapper's store, P+2 the in-process application store); so does the environment of
-the workers (`contract.process_env`), which a pod's manifest sets and this launcher completes. This process
-also serves the node's Prometheus `/metrics` (--metrics_port, `trainer.telemetry.exporter`):
-it outlives every restart of the workers.
+the workers (`contract.process_env`), which a pod's manifest sets and this launcher completes.
+This process also serves the node's Prometheus `/metrics` (--metrics_port,
+`trainer.telemetry.exporter`): it outlives every restart of the workers.
 
 Rendezvous: node rank 0 hosts the store (`is_host`), never decided from a DNS answer that may be
 stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
@@ -173,15 +173,14 @@ def check(spec: LaunchSpec, cfg) -> None:
         sys.exit(2)
 
 
-def serve_metrics(port: int, workdir: Path, env: dict, addr: str = "0.0.0.0") -> Path:
+def serve_metrics(port: int, workdir: Path, env: dict, addr: str = "0.0.0.0") -> None:
     """Serve this node's `/metrics` from this process, which outlives every worker restart;
-    the workers publish their figures to the file named in their environment. Returns it."""
+    the workers publish their figures to a file in `workdir`, named in their `env`."""
     from trainer.telemetry.exporter import serve
 
     figures = workdir / "figures.json"
     env[FIGURES_FILE_ENV] = str(figures)
     serve(port, figures, addr)
-    return figures
 
 
 def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None) -> int:

@@ -5,6 +5,7 @@ endpoint itself, read with prometheus-client's own parser."""
 import json
 import shutil
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -13,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.local import free_port_block
-from tests.jobs import kill_group, start_local, wait_for
+from tests.jobs import ROOT, TINY, env_for, kill_group, start_local, wait_for
 from trainer.telemetry.exporter import serve
 from trainer.telemetry.published import publish
 
@@ -56,6 +57,39 @@ def test_the_endpoint_serves_what_the_workers_published_at_each_scrape(tmp_path)
         assert rank0["nvrx_eks_infra_goodput_ratio"] == pytest.approx(0.9)
     finally:
         server.shutdown()
+
+
+def test_the_pods_launcher_serves_its_workers_figures(cache_dir, tmp_path):
+    """The pods' entry point (`python -m trainer.recovery.launch`, as the manifests run it)
+    serves /metrics on --metrics_port from its workers' figures, read here with
+    prometheus-client's own parser."""
+    metrics, master = free_port_block(1), free_port_block()
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "trainer.recovery.launch", "--mode", "baseline", "--nnodes", "1",
+           "--nproc_per_node", "2", "--node_rank", "0", "--master_addr", "127.0.0.1",
+           "--master_port", str(master), "--metrics_port", str(metrics), "--", *TINY,
+           "--max_steps", "100000", "--log_interval", "1", "--checkpoint_dir",
+           str(run_dir / "checkpoints"), "--results_path", str(run_dir / "results.json")]
+    run_dir.mkdir()
+    launcher = subprocess.Popen(cmd, cwd=ROOT, env=env_for(cache_dir), start_new_session=True,
+                                stdout=open(run_dir / "launcher.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        def scraped() -> dict[str, float]:
+            try:
+                return _scrape(metrics)
+            except OSError:  # not listening yet
+                return {}
+
+        # The run's figures follow the step figures by the live pass's few seconds.
+        wait_for(lambda: "nvrx_eks_infra_goodput_ratio" in scraped(), timeout=240,
+                 what="the launcher's /metrics with the run's figures")
+        first = scraped()
+        assert first["nvrx_eks_max_steps"] == 100000 and first["nvrx_eks_tokens_per_second"] > 0
+        assert first["nvrx_eks_restarts"] == 0 and first["nvrx_eks_step"] >= 1
+        wait_for(lambda: scraped()["nvrx_eks_step"] > first["nvrx_eks_step"], timeout=240,
+                 what="a later step")
+    finally:
+        kill_group(launcher)
 
 
 def _query(port: int, expr: str) -> list[dict]:
