@@ -16,6 +16,7 @@ appended: its cost is the node's events, whatever the world size.
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Mapping, Optional
@@ -40,8 +41,15 @@ class LiveRun:
         self._thread.start()
 
     def _run(self) -> None:
+        warned = False
         while not self._stop.is_set():
-            self.catch_up()
+            try:
+                self.catch_up()
+            except Exception as exc:  # noqa: BLE001 (the view goes stale, training goes on)
+                if not warned:
+                    warned = True
+                    print(f"telemetry: warning: the live figures stopped: {type(exc).__name__}: "
+                          f"{exc}", file=sys.stderr, flush=True)
             self._stop.wait(self.poll_s)
 
     def catch_up(self, final: bool = False) -> None:

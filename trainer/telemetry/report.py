@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
@@ -25,6 +26,7 @@ class Telemetry:
         self.rank = env.rank
         self.live = self.tensorboard = self.wandb = None
         self.last: Optional[StepFigures] = None  # the newest line's figures
+        self._warned = False
         figures = environ.get(FIGURES_FILE_ENV)
         self.figures_path = Path(figures) if figures and env.local_rank == 0 else None
         out = cfg.output_dir
@@ -56,23 +58,34 @@ class Telemetry:
             log(figs.line())
         for sink in (self.tensorboard, self.wandb):
             if sink is not None:
-                sink.write(figs, summary)
+                self._guarded(sink.write, figs, summary)
         if self.figures_path is not None:
             with contextlib.suppress(OSError):  # the launcher's directory went with it
                 published.publish(self.figures_path, published.figures(figs, summary))
+
+    def _guarded(self, write: Callable, *args) -> None:
+        """A sink that cannot write (a full or failing disk, W&B unreachable) costs its points,
+        never the training: one warning, then silence."""
+        try:
+            write(*args)
+        except Exception as exc:  # noqa: BLE001 (any library's error: a sink is never fatal)
+            if not self._warned:
+                self._warned = True
+                print(f"rank {self.rank}: warning: {type(exc).__name__}: {exc}; figures are being "
+                      "lost (training goes on)", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """At process exit: the last point once more, with the run's figures as the whole log
         of the node has them, then the writers closed."""
         summary = None
         if self.live is not None:
-            self.live.catch_up(final=True)
+            self._guarded(self.live.catch_up, True)
             self.live.close()
             summary = self.live.summary()
         for sink in (self.tensorboard, self.wandb):
             if sink is None:
                 continue
             if self.last is not None:
-                sink.end(self.last, summary)
+                self._guarded(sink.end, self.last, summary)
             else:
-                sink.close()
+                self._guarded(sink.close)

@@ -23,12 +23,21 @@ def run_id(lineage: str) -> str:
 
 
 class WandbRun:
-    def __init__(self, project: str, output_dir: Path, lineage: Optional[str], config: dict):
-        import wandb  # the launcher checked that it is installed (trainer.config.check_wandb)
+    """Started at its first write: W&B's start (seconds, a service process) stays off a
+    restart's way to its first step."""
 
-        self.run = wandb.init(project=project, id=run_id(lineage) if lineage else None,
-                              resume="allow" if lineage else None, dir=str(output_dir),
-                              config=config)
+    def __init__(self, project: str, output_dir: Path, lineage: Optional[str], config: dict):
+        self._init = dict(project=project, id=run_id(lineage) if lineage else None,
+                          resume="allow" if lineage else None, dir=str(output_dir), config=config)
+        self._run = None
+
+    @property
+    def run(self):
+        if self._run is None:
+            import wandb  # the launcher checked that it is installed (trainer.config.check_wandb)
+
+            self._run = wandb.init(**self._init)
+        return self._run
 
     def write(self, figs: StepFigures, summary: Optional[dict]) -> None:
         if figs.step < self.run.step:  # already logged by an earlier attempt
@@ -45,4 +54,5 @@ class WandbRun:
         self.close()
 
     def close(self) -> None:
-        self.run.finish()
+        if self._run is not None:
+            self._run.finish()
