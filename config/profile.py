@@ -188,7 +188,7 @@ class ObservabilitySettings(_Strict):
     @classmethod
     def _dns_label(cls, v: str) -> str:
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
-            raise ValueError(f"observability.monitoring_namespace {v!r} is not a valid Kubernetes "
+            raise ValueError(f"monitoring_namespace {v!r} is not a valid Kubernetes "
                              "name (RFC 1123 label)")
         return v
 
