@@ -221,7 +221,8 @@ def wait_for_job(k: Kubectl, name: str, timeout_s: int, poll_s: float = WAIT_POL
     while True:
         line, conditions = job_state(k.query(*query))
         elapsed = time.monotonic() - start
-        k.show(f"# {time.strftime('%H:%M:%SZ', time.gmtime())} Job {name}: {line}, {elapsed:.0f} s of at most {timeout_s} s")
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime())
+        k.show(f"# {stamp} Job {name}: {line}, {elapsed:.0f} s of at most {timeout_s} s")
         if "Complete" in conditions:
             return
         if "Failed" in conditions:

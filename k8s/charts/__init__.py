@@ -7,4 +7,12 @@ from k8s.charts.namespace import NamespaceChart
 from k8s.charts.results import ResultsChart, WatchChart
 from k8s.charts.training import TrainingChart
 
-__all__ = ["CommonChart", "DataPrepChart", "ExportChart", "NamespaceChart", "ResultsChart", "TrainingChart", "WatchChart"]
+__all__ = [
+    "CommonChart",
+    "DataPrepChart",
+    "ExportChart",
+    "NamespaceChart",
+    "ResultsChart",
+    "TrainingChart",
+    "WatchChart",
+]

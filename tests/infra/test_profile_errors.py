@@ -132,7 +132,8 @@ def test_shipped_profiles_use_the_default_version():
 
 @pytest.mark.parametrize("section, fragment", [
     ("observability:\n  monitoring_namespace: Prom_NS\n",
-     "observability.monitoring_namespace: monitoring_namespace 'Prom_NS' is not a valid Kubernetes name"),
+     "observability.monitoring_namespace: monitoring_namespace 'Prom_NS' is not a valid "
+     "Kubernetes name"),
     ("observability:\n  cloudwatch: sometimes\n", "observability.cloudwatch: Input should be a valid boolean"),
     ("observability:\n  grafana: true\n",
      "observability.grafana: unknown key; known keys: monitoring_namespace, pod_monitor, cloudwatch"),
