@@ -128,7 +128,7 @@ def _trainer_args(args: argparse.Namespace, rest: list[str], run_dir: Path) -> l
     return out
 
 
-def _launcher_env(spec: LaunchSpec, final: Path, cfg, figures: Optional[Path]) -> dict:
+def _launcher_env(spec: LaunchSpec, final: Path, cfg, figures: Optional[Path] = None) -> dict:
     """The launcher's environment: the pods' (`launch_env`), where to record a final error and
     where the node's workers publish their figures."""
     env = {**launch_env(spec, cfg), FINAL_ERROR_ENV: str(final)}
