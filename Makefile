@@ -10,6 +10,8 @@ CDK := .cache/cdk/node_modules/.bin/cdk
 # The IaC scanner the tests run (tests/checkov.py); its version and its libraries' are pinned in
 # constraints-checkov.txt.
 CHECKOV := .cache/checkov/bin/checkov
+# A real Prometheus server scrapes a training run in the tests (tests/trainer/telemetry).
+PROMETHEUS := /usr/bin/prometheus
 PROFILE ?= p5
 MODE ?=
 OUTPUTS ?= cdk-outputs.json
@@ -34,11 +36,19 @@ $(CHECKOV): constraints-checkov.txt
 	.cache/checkov/bin/pip install -q -c constraints-checkov.txt checkov
 	touch $@
 
+# Debian's package, where it is missing and this machine may install it (root with apt-get);
+# its service is not needed: the test starts its own server on a loopback port.
+$(PROMETHEUS):
+	@if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "prometheus is missing: install Debian's prometheus package (apt-get install prometheus)" >&2; exit 1; fi
+	apt-get install -y -q --no-install-recommends prometheus >/dev/null || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
+
 demo: $(VENV)/.installed
 	$(PY) -m devtools.demo
 
 # pytest exits 5 when it collects no tests: that is not a failure of the code under test.
-test: $(VENV)/.installed $(CDK) $(CHECKOV)
+test: $(VENV)/.installed $(CDK) $(CHECKOV) $(PROMETHEUS)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The unit tier: the pure logic (settings, schedule, agreement, goodput, layouts, contract).

@@ -6,7 +6,8 @@
   it uses. Code asks a mode what it does; it never tests its name.
 - The environment of the training processes per mode (`process_env`): the pods set it in their
   manifest, the launcher (in the pods and locally) fills in what a pod left unset.
-- The launcher's ports and the variables through which it talks to its ranks.
+- The launcher's ports (its metrics port too) and the variables through which it talks to its
+  ranks.
 - The host-memory rule of the snapshot tiers (how many shard-sized slots one rank keeps).
 
 Only the standard library is imported here: the CDK app, `python -m k8s` and the trainer all
@@ -173,6 +174,12 @@ FINAL_ERROR_ENV = "NVRX_EKS_FINAL_ERROR_FILE"  # where a rank records an error n
 NODE_RANK_ENV = "NVRX_EKS_NODE_RANK"
 EVENTS_DIR_ENV = "NVRX_EKS_EVENTS_DIR"
 LAUNCHER_ID_ENV = "NVRX_EKS_LAUNCHER_ID"
+# Prometheus metrics (trainer.telemetry.exporter): each node's launcher serves /metrics on this
+# port from the figures file its workers publish (FIGURES_FILE_ENV, set by the launcher); the
+# manifests open the port to the monitoring namespace's scraper and annotate it.
+METRICS_PORT = 9470
+METRICS_PATH = "/metrics"
+FIGURES_FILE_ENV = "NVRX_EKS_FIGURES_FILE"
 
 
 def wrapper_store_port(master_port: int) -> int:

@@ -169,6 +169,30 @@ class TierSettings(_Strict):
     huge_tmpfs: bool = True
 
 
+class ObservabilitySettings(_Strict):
+    """Who scrapes the training pods' metrics, and what the cluster keeps of a run beyond them.
+
+    Every training pod serves Prometheus metrics (`config.contract.METRICS_PORT`) and carries
+    the `prometheus.io/*` annotations; its NetworkPolicy admits the pods of
+    `monitoring_namespace` to that port, and nothing else new. `pod_monitor` adds a PodMonitor
+    for the Prometheus operator (its CRDs must be installed: without them the run's manifest
+    would not apply). `cloudwatch` installs the Amazon CloudWatch Observability add-on: GPU
+    (DCGM) and EFA metrics, and the pods' logs kept in CloudWatch Logs after the pods are gone.
+    """
+
+    monitoring_namespace: str = "monitoring"
+    pod_monitor: bool = False
+    cloudwatch: bool = False
+
+    @field_validator("monitoring_namespace")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
+            raise ValueError(f"monitoring_namespace {v!r} is not a valid Kubernetes "
+                             "name (RFC 1123 label)")
+        return v
+
+
 def _trainer_section() -> type[BaseModel]:
     """The profile's `trainer:` section: every trainer setting a profile may set, under its own
     name, with the trainer's own type, default, bounds and description (`config.training`).
@@ -218,6 +242,7 @@ class Profile(_Strict):
     tiers: TierSettings = TierSettings()
     trainer: TrainerSettings = TrainerSettings()  # type: ignore[valid-type]
     data: DataSettings = DataSettings()
+    observability: ObservabilitySettings = ObservabilitySettings()
 
     @field_validator("instance_type")
     @classmethod

@@ -133,6 +133,11 @@ class TrainConfig(BaseModel):
     profile_from: int = setting(0, "first step of a torch.profiler window (0: off); traces go "
                                 "to profile/ beside results.json", "outputs", ge=0)
     profile_steps: int = setting(3, "steps in the profiler window", "outputs", ge=1)
+    tensorboard: bool = setting(True, "rank 0 writes TensorBoard event files to tensorboard/ "
+                                "beside results.json", "outputs")
+    wandb_project: Optional[str] = setting(None, "also log to this Weights & Biases project "
+                                           "(needs the wandb extra); a restart resumes the "
+                                           "checkpoint directory's W&B run", "outputs")
     # -- recovery -----------------------------------------------------------------------------
     mode: Literal[MODE_NAMES] = setting("baseline", "the recovery mode (config/contract.py)",  # type: ignore[valid-type]
                                         "recovery", pod="the profile's recovery.mode")

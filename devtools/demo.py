@@ -38,7 +38,7 @@ MODEL = ["--model", "tiny", "--log_interval", "20"]
 FAULTS = ["--fault_count", "3", "--fault_seed", "42", "--fault_after_step", "10",
           "--fault_types", "exception,hang", "--fault_type_weights", "0.6,0.4"]
 # Trainer and runner lines worth showing live; launcher chatter and tracebacks stay in the log.
-SHOW = re.compile(r"^(step |resumed |no checkpoint |done: |devtools\.local|rank[ =]\d)"
+SHOW = re.compile(r"^(\S+Z (step|checkpoint) |resumed |no checkpoint |done: |devtools\.local|rank[ =]\d)"
                   r"|: error: |training goodput|will restart worker group")
 
 

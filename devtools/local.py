@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
-from config.contract import FINAL_ERROR_ENV, PORTS_PER_JOB, RecoveryMode
+from config.contract import FIGURES_FILE_ENV, FINAL_ERROR_ENV, PORTS_PER_JOB, RecoveryMode
 from trainer.accounting.events import events_dir, job_log
 from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
@@ -84,12 +84,17 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--initial_heartbeat_timeout", type=float, default=120.0)
     p.add_argument("--monitor_interval", type=float, default=LaunchSpec.monitor_interval)
     p.add_argument("--timeout", type=float, default=0, help="give up after this many seconds (0: never)")
+    p.add_argument("--metrics_port", type=int, default=0,
+                   help="serve node N's Prometheus /metrics on 127.0.0.1, port this + N (0: off)")
     args, rest = p.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
     for name in ("nproc_per_node", "nnodes"):
         if getattr(args, name) < 1:
             p.error(f"--{name} {getattr(args, name)} must be at least 1")
+    if args.metrics_port and not 0 < args.metrics_port + args.nnodes <= 65536:
+        p.error(f"--metrics_port {args.metrics_port} leaves no port for each of {args.nnodes} "
+                "node(s): use 1 to 65535 (0: off)")
     if args.job_restarts is None:
         args.job_restarts = 0 if RecoveryMode(args.mode).recovers_within_job else JOB_RESTARTS
     return args, rest
@@ -127,13 +132,31 @@ def _trainer_args(args: argparse.Namespace, rest: list[str], run_dir: Path) -> l
     return out
 
 
-def _launcher_env(spec: LaunchSpec, final: Path, cfg) -> dict:
-    """The launcher's environment: the pods' (`launch_env`), and where to record a final error."""
-    return {**launch_env(spec, cfg), FINAL_ERROR_ENV: str(final)}
+def _launcher_env(spec: LaunchSpec, final: Path, cfg, figures: Optional[Path] = None) -> dict:
+    """The launcher's environment: the pods' (`launch_env`), where to record a final error and
+    where the node's workers publish their figures."""
+    env = {**launch_env(spec, cfg), FINAL_ERROR_ENV: str(final)}
+    if figures is not None:
+        env[FIGURES_FILE_ENV] = str(figures)
+    return env
+
+
+def serve_metrics(args, run_dir: Path) -> list[Optional[Path]]:
+    """Each node's /metrics, served by this process as a pod's launcher serves it: it outlives
+    every restart, the whole job's too. Returns each node's figures file (None: no metrics)."""
+    if not args.metrics_port:
+        return [None] * args.nnodes
+    from trainer.telemetry.exporter import serve
+
+    files = []
+    for node in range(args.nnodes):
+        files.append(run_dir / f".figures.node{node}.json")
+        serve(args.metrics_port + node, files[-1], addr="127.0.0.1")
+    return files
 
 
 def _start(args, cfg, trainer_args: list[str], run_dir: Path, port: int, attempt: int,
-           final: Path) -> list[subprocess.Popen]:
+           final: Path, figures: list[Optional[Path]]) -> list[subprocess.Popen]:
     procs = []
     for node in range(args.nnodes):
         node_args = list(trainer_args)
@@ -143,7 +166,7 @@ def _start(args, cfg, trainer_args: list[str], run_dir: Path, port: int, attempt
                           args.max_restarts, args.heartbeat_timeout, args.initial_heartbeat_timeout,
                           args.monitor_interval, rdzv_id=f"local-{port}-{attempt}")
         log = open(run_dir / f"node{node}.log", "ab")
-        env = _launcher_env(spec, final, cfg)
+        env = _launcher_env(spec, final, cfg, figures[node])
         procs.append(subprocess.Popen(build_command(spec, node_args), env=env,
                                       stdout=None if node == 0 else log, stderr=subprocess.STDOUT
                                       if node else None, start_new_session=True,
@@ -164,7 +187,8 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
+def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
+              figures: Sequence[Optional[Path]] = ()) -> int:
     """Run the job; restart all of it after a failure, as a Kubernetes Job would."""
     output_dir = Path(_flag(trainer_args, "--results_path")).resolve().parent
     events, log_dir = job_log(output_dir), events_dir(output_dir)
@@ -175,7 +199,8 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path) -> int:
         port = free_port_block()
         final = run_dir / f".final-error.{attempt}"
         final.unlink(missing_ok=True)
-        procs = _start(args, cfg, trainer_args, run_dir, port, attempt, final)
+        procs = _start(args, cfg, trainer_args, run_dir, port, attempt, final,
+                       list(figures) or [None] * args.nnodes)
         failed = None
         try:
             while True:
@@ -290,7 +315,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check(LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, 0, "127.0.0.1", 0,
                      heartbeat_timeout=args.heartbeat_timeout), cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    rc = supervise(args, cfg, trainer_args, run_dir)
+    try:
+        figures = serve_metrics(args, run_dir)
+    except OSError as exc:
+        print(f"devtools.local: error: --metrics_port {args.metrics_port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    rc = supervise(args, cfg, trainer_args, run_dir, figures)
     results = Path(_flag(trainer_args, "--results_path"))
     if rc == 0 and results.is_file():
         r = json.loads(results.read_text())

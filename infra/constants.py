@@ -65,6 +65,11 @@ FSX_CSI_ADDON = "aws-fsx-csi-driver"
 FSX_CSI_CONTROLLER_SA = "fsx-csi-controller-sa"
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 VPC_CNI_SERVICE_ACCOUNT = ("kube-system", "aws-node")
+# The Amazon CloudWatch Observability add-on (profile `observability.cloudwatch`): its CloudWatch
+# agent and Fluent Bit run as this service account of its namespace; EKS Pod Identity serves it
+# from add-on version 3.1.0 on.
+CLOUDWATCH_ADDON = "amazon-cloudwatch-observability"
+CLOUDWATCH_AGENT_SA = "cloudwatch-agent"
 
 # Lustre LNet ports: 988 plus 1018-1023 (FSx for Lustre user guide, "File system access control
 # with Amazon VPC").

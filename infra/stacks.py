@@ -18,6 +18,7 @@ from infra.constructs.device_plugins import DevicePlugins, DevicePluginsProps
 from infra.constructs.gpu_nodes import GpuNodes, GpuNodesProps
 from infra.constructs.jobset import JobSetController, JobSetProps
 from infra.constructs.network import Network, NetworkProps
+from infra.constructs.observability import CloudWatchObservability, ObservabilityProps
 from infra.constructs.registry import Registry, RegistryProps
 from infra.constructs.storage import Storage, StorageProps
 from infra.constructs.system_nodes import SystemNodes, SystemNodesProps
@@ -126,6 +127,18 @@ class ClusterStack(cdk.Stack):
                 self,
                 "JobSet",
                 JobSetProps(cluster=cluster, after=self.system_nodes.nodegroup),
+            )
+
+        self.observability = None
+        if profile.observability.cloudwatch:
+            self.observability = CloudWatchObservability(
+                self,
+                "CloudWatch",
+                ObservabilityProps(
+                    cluster=cluster,
+                    pod_identity_agent=self.eks.pod_identity_agent,
+                    after=self.system_nodes.nodegroup,
+                ),
             )
 
         self.device_plugins = DevicePlugins(

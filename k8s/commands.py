@@ -34,6 +34,7 @@ def launcher_argv(dep: Deployment) -> list[str]:
         "--initial_heartbeat_timeout", fmt(rec.initial_heartbeat_timeout_s),
         "--monitor_interval", fmt(rec.monitor_interval_s),
         "--rdzv_join_timeout", fmt(rec.rdzv_join_timeout_s),
+        "--metrics_port", str(naming.METRICS_PORT),
     ]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ LABEL_MODE = "nvrx-eks/mode"
 COMPONENT_TRAIN = "train"
 COMPONENT_DATA_PREP = "data-prep"
 COMPONENT_RESULTS = "results"
+COMPONENT_WATCH = "watch"
 COMPONENT_EXPORT = "export"
 
 # Set by the Job controller on Indexed Job pods (label since 1.28, annotation since 1.21).
@@ -60,11 +61,14 @@ EXPORT_CONTAINER = "export"
 RENDEZVOUS_PORT = contract.DEFAULT_MASTER_PORT  # torchrun / ft_launcher rendezvous and TCPStore
 INPROCESS_WRAPPER_PORT = contract.wrapper_store_port(RENDEZVOUS_PORT)  # the NVRx Wrapper's store
 INPROCESS_APP_PORT = contract.app_store_port(RENDEZVOUS_PORT)  # the in-process application store
+METRICS_PORT = contract.METRICS_PORT  # each training pod's Prometheus /metrics (its launcher)
+METRICS_PORT_NAME = "metrics"
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_LABEL_MAX = 63
 TRAIN_PREFIX = "train-"
 RESULTS_PREFIX = "results-"
+WATCH_PREFIX = "watch-"
 EXPORT_PREFIX = "export-"
 
 
@@ -112,6 +116,10 @@ def train_job_name(run_id: str) -> str:
 
 def results_pod_name(run_id: str) -> str:
     return f"{RESULTS_PREFIX}{run_id}"[:_DNS_LABEL_MAX].rstrip("-")
+
+
+def watch_pod_name(run_id: str) -> str:
+    return f"{WATCH_PREFIX}{run_id}"[:_DNS_LABEL_MAX].rstrip("-")
 
 
 def export_job_name(run_id: str, fmt: str) -> str:

@@ -1,7 +1,7 @@
 """Build the charts for one Deployment and write one YAML file per chart.
 
 File names carry an order prefix (namespace, shared objects, data prep, the run, results,
-export), so `kubectl apply -f` on any subset in name order creates dependencies first.
+watch, export), so `kubectl apply -f` on any subset in name order creates dependencies first.
 """
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ import yaml
 from cdk8s import Chart
 from constructs import Construct
 
-from k8s.charts import CommonChart, DataPrepChart, ExportChart, NamespaceChart, ResultsChart, TrainingChart
+from k8s.charts import (
+    CommonChart,
+    DataPrepChart,
+    ExportChart,
+    NamespaceChart,
+    ResultsChart,
+    TrainingChart,
+    WatchChart,
+)
 from k8s.deployment import Deployment
 
 ChartFactory = Callable[[Construct, str, Deployment], Chart]
@@ -24,8 +32,9 @@ COMMON = "common"
 DATA_PREP = "data-prep"
 TRAIN = "train"
 RESULTS = "results"
+WATCH = "watch"
 EXPORT = "export"
-ALL_PARTS = (NAMESPACE, COMMON, DATA_PREP, TRAIN, RESULTS, EXPORT)
+ALL_PARTS = (NAMESPACE, COMMON, DATA_PREP, TRAIN, RESULTS, WATCH, EXPORT)
 
 _FACTORIES: dict[str, ChartFactory] = {
     NAMESPACE: NamespaceChart,
@@ -33,6 +42,7 @@ _FACTORIES: dict[str, ChartFactory] = {
     DATA_PREP: DataPrepChart,
     TRAIN: TrainingChart,
     RESULTS: ResultsChart,
+    WATCH: WatchChart,
     EXPORT: ExportChart,
 }
 
@@ -45,6 +55,7 @@ def file_name(part: str, run_id: str) -> str:
         DATA_PREP: "20-data-prep.yaml",
         TRAIN: f"30-train-{run_id}.yaml",
         RESULTS: f"40-results-{run_id}.yaml",
+        WATCH: f"45-watch-{run_id}.yaml",
         EXPORT: f"50-export-{run_id}.yaml",
     }[part]
 

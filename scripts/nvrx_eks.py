@@ -7,6 +7,7 @@ exact kubectl commands (and, for `synth`, the manifests) without touching a clus
     nvrx-eks submit --profile p5 --mode baseline
     nvrx-eks status --profile p5
     nvrx-eks logs --profile p5 --rank 0 --follow
+    nvrx-eks watch --profile p5 --run-id <id>    # step, ETA, failures, goodput, live
     nvrx-eks results --profile p5 --run-id <id>
     nvrx-eks export --profile p5 --run-id <id> --format hf   # to Hugging Face, on FSx
     nvrx-eks stop --profile p5 --run-id <id>
@@ -48,8 +49,9 @@ READY_TIMEOUT = "10m"
 WAIT_POLL_S = 10.0
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _DURATION = re.compile(r"(\d+)([smh])")
-# What a run leaves on FSx, copied by `results`; only results.json must exist.
-RESULT_FILES = (("results.json", True), ("events", False), ("settings.json", False), ("report", False))
+# What a run leaves on FSx, copied by `results`: whatever exists of it (results.json appears
+# only once training has ended).
+RESULT_FILES = ("results.json", "events", "tensorboard", "settings.json", "report")
 POD_COLUMNS = ",".join(
     (
         "POD:.metadata.name",
@@ -113,6 +115,11 @@ class Session:
         if not jobs:
             raise WrapperError(f"no training runs in namespace {self.profile.namespace!r}")
         return checked_run_id(jobs[-1]["metadata"]["labels"][naming.LABEL_RUN_ID])
+
+    @property
+    def monitor_kinds(self) -> tuple[str, ...]:
+        """The Prometheus operator's kinds a run has (they exist only with its CRDs)."""
+        return ("podmonitors",) if self.profile.observability.pod_monitor else ()
 
     @property
     def train_kind(self) -> str:
@@ -184,25 +191,43 @@ def cmd_prepare_data(s: Session) -> int:
     return 0
 
 
-JOB_CONDITIONS = '{range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}'
+# The Job's pods by state, then its true conditions: "1 0 0 Complete ".
+JOB_STATE = (
+    '{.status.active}{" "}{.status.succeeded}{" "}{.status.failed}{" "}'
+    '{range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}'
+)
+
+
+def job_state(answer: str) -> tuple[str, set[str]]:
+    """The Job's state as a line (`1 active, 0 succeeded, 0 failed`) and its true conditions,
+    from the JOB_STATE query's answer (kubectl leaves an unset count empty)."""
+    fields = answer.split(" ")
+    counts = [int(f) if f.isdigit() else 0 for f in (fields + ["", "", ""])[:3]]
+    conditions = [f for f in fields[3:] if f]
+    line = f"{counts[0]} active, {counts[1]} succeeded, {counts[2]} failed"
+    return line + (f" ({', '.join(conditions)})" if conditions else ""), set(conditions)
 
 
 def wait_for_job(k: Kubectl, name: str, timeout_s: int, poll_s: float = WAIT_POLL_S) -> None:
-    """Until the Job is Complete (return) or Failed (one-line error), at most `timeout_s`.
-    `kubectl wait` watches one condition only, and would sit out the timeout on a failed Job."""
-    query = ("get", "job", name, "--output", f"jsonpath={JOB_CONDITIONS}")
+    """Until the Job is Complete (return) or Failed (one-line error), at most `timeout_s`, with a
+    line per poll saying where it is. `kubectl wait` watches one condition only, and would sit
+    out the timeout on a failed Job."""
+    query = ("get", "job", name, "--output", f"jsonpath={JOB_STATE}")
     if k.dry_run:
         k.show(f"# until Complete or Failed, every {poll_s:g} s for at most {timeout_s} s:")
         k.run(*query)
         return
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
     while True:
-        conditions = set(k.query(*query).split())
+        line, conditions = job_state(k.query(*query))
+        elapsed = time.monotonic() - start
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime())
+        k.show(f"# {stamp} Job {name}: {line}, {elapsed:.0f} s of at most {timeout_s} s")
         if "Complete" in conditions:
             return
         if "Failed" in conditions:
             raise WrapperError(f"Job {name!r} failed: see `kubectl --namespace {k.namespace} describe job {name}`")
-        if time.monotonic() >= deadline:
+        if elapsed >= timeout_s:
             raise WrapperError(f"Job {name!r} neither completed nor failed within {timeout_s} s")
         time.sleep(poll_s)
 
@@ -244,25 +269,57 @@ def cmd_logs(s: Session) -> int:
 
 
 def cmd_results(s: Session) -> int:
+    """Copy whatever the run has written so far: a running or failed run has no results.json
+    yet, but its event log, TensorBoard files and settings."""
     dep = s.deployment(run_id=s.run_id_or_latest())
     pod = naming.results_pod_name(dep.run_id)
     dest = s.args.dest or Path("runs") / dep.run_id
     manifest = s.synthesize(dep, (synth.RESULTS,))[synth.RESULTS]
     s.kubectl.run("apply", "--filename", str(manifest))
+    copied = []
     try:
         s.kubectl.run("wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={READY_TIMEOUT}")
         if not s.kubectl.dry_run:
             dest.mkdir(parents=True, exist_ok=True)
-        for name, required in RESULT_FILES:
+        for name in RESULT_FILES:
             source = f"{pod}:{dep.run_dir}/{name}"
-            code = s.kubectl.run("cp", "--container", RESULTS_CONTAINER, source, str(dest / name), check=required)
-            if code != 0:
-                s.kubectl.show(f"# {name} not copied (not written to {dep.run_dir}?); skipped")
+            if s.kubectl.run("cp", "--container", RESULTS_CONTAINER, source, str(dest / name), check=False) == 0:
+                copied.append(name)
+            else:
+                s.kubectl.show(f"# {name} not copied (not written to {dep.run_dir} yet?); skipped")
     finally:
         s.kubectl.run("delete", "pod,networkpolicy", pod, "--ignore-not-found", "--wait=false")
-    report = f"python -m devtools.report {dest}/results.json --out {dest}/report"
-    s.kubectl.show(f"# results of {dep.run_id} in {dest}/ (to redo the report: {report})")
+    if not copied and not s.kubectl.dry_run:
+        raise WrapperError(f"nothing of run {dep.run_id} in {dep.run_dir}: has it started?")
+    if "results.json" in copied or s.kubectl.dry_run:
+        report = f"python -m devtools.report {dest}/results.json --out {dest}/report"
+        s.kubectl.show(f"# results of {dep.run_id} in {dest}/ (to redo the report: {report})")
+    else:
+        s.kubectl.show(f"# {', '.join(copied)} of {dep.run_id} in {dest}/; no results.json: training has not "
+                       f"ended (its view so far: python -m devtools.watch {dest} --once)")
     return 0
+
+
+def cmd_watch(s: Session) -> int:
+    """The live view of a run (`trainer.telemetry.status`), run in a short-lived pod that reads
+    its event log on FSx, refreshed until the run ends; Ctrl-C stops it. The pod goes at the end."""
+    if s.args.interval <= 0:
+        raise WrapperError(f"--interval {s.args.interval:g} must be positive")
+    dep = s.deployment(run_id=s.run_id_or_latest())
+    pod = naming.watch_pod_name(dep.run_id)
+    manifest = s.synthesize(dep, (synth.WATCH,))[synth.WATCH]
+    s.kubectl.run("apply", "--filename", str(manifest))
+    view = ["python", "-m", "trainer.telemetry.status", dep.run_dir, "--interval", f"{s.args.interval:g}"]
+    tty = ["--tty"] if sys.stdout.isatty() else []  # a terminal is redrawn in place
+    try:
+        s.kubectl.run("wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={READY_TIMEOUT}")
+        code = s.kubectl.run("exec", *tty, pod, "--container", RESULTS_CONTAINER, "--",
+                             *view, *(["--once"] if s.args.once else []), check=False)
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        s.kubectl.run("delete", "pod,networkpolicy", pod, "--ignore-not-found", "--wait=false")
+    return code
 
 
 def cmd_export(s: Session) -> int:
@@ -298,7 +355,8 @@ def cmd_stop(s: Session) -> int:
         "delete", s.train_kind, name,
         "--cascade=foreground", "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}",
     )  # fmt: skip
-    s.kubectl.run("delete", "service,configmap,networkpolicy", name, "--ignore-not-found")
+    s.kubectl.run("delete", ",".join(("service", "configmap", "networkpolicy", *s.monitor_kinds)), name,
+                  "--ignore-not-found")
     s.kubectl.show(f"# stopped {run_id}; its checkpoints and metrics stay in FSx under runs/{run_id}")
     return 0
 
@@ -326,7 +384,7 @@ def cmd_cleanup(s: Session) -> int:
     )
     k.run(
         "delete",
-        "networkpolicies,services,configmaps,serviceaccounts",
+        ",".join(("networkpolicies", "services", "configmaps", "serviceaccounts", *s.monitor_kinds)),
         "--selector",
         PART_OF_SELECTOR,
         "--ignore-not-found",
@@ -377,6 +435,7 @@ COMMANDS: dict[str, Callable[[Session], int]] = {
     "status": cmd_status,
     "logs": cmd_logs,
     "results": cmd_results,
+    "watch": cmd_watch,
     "export": cmd_export,
     "stop": cmd_stop,
     "lost-node": cmd_lost_node,
@@ -386,7 +445,7 @@ COMMANDS: dict[str, Callable[[Session], int]] = {
 # Commands that never talk to the cluster.
 LOCAL_COMMANDS = ("synth", "image", "plan")
 # Commands that synthesize manifests take the same options as `python -m k8s synth`.
-DEPLOYMENT_COMMANDS = ("synth", "submit", "prepare-data", "results")
+DEPLOYMENT_COMMANDS = ("synth", "submit", "prepare-data", "results", "watch")
 
 
 # --- argument parsing -------------------------------------------------------------------------
@@ -417,7 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare-data": "run the data-prep Job that writes C4 tokens to FSx",
         "status": "jobs and pods of one run (default: all runs)",
         "logs": "logs of one node rank's newest pod",
-        "results": "copy results.json, the event log (events/) and the report off FSx",
+        "results": "copy what a run has written off FSx: results.json, events/, tensorboard/, the report",
+        "watch": "the live view of a run: step and ETA, tokens/s, failures, goodput; until it ends",
         "export": "export a run's checkpoint as a Hugging Face directory or a PyTorch DCP, on FSx",
         "stop": "delete one run's Job and its pods; FSx data stays",
         "lost-node": "force-delete our pods on a node that is gone, so their Jobs replace them",
@@ -435,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--follow", "-f", action="store_true")
         if name == "results":
             cmd.add_argument("--dest", type=Path, help="local directory (default: runs/<run-id>)")
+        if name == "watch":
+            cmd.add_argument("--interval", type=float, default=10.0, help="seconds between refreshes")
+            cmd.add_argument("--once", action="store_true", help="show the view once and exit")
         if name == "export":
             cmd.add_argument("--format", required=True, choices=EXPORT_FORMATS,
                              help="hf: safetensors, config and tokenizer; dcp: torch.distributed.checkpoint")

@@ -80,11 +80,12 @@ def run_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str, nproc: 
 
 
 def start_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str,
-                local_args: tuple[str, ...] = ()) -> subprocess.Popen:
+                local_args: tuple[str, ...] = (), nproc: int = 2) -> subprocess.Popen:
     pace(cache)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "test-output.log", "w")
-    return subprocess.Popen(local_cmd(mode, run_dir, *trainer_args, local_args=local_args),
+    return subprocess.Popen(local_cmd(mode, run_dir, *trainer_args, nproc=nproc,
+                                      local_args=local_args),
                             cwd=ROOT, env=env_for(cache), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 

@@ -167,6 +167,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             detach_heartbeat(hooks)
         Tiers.release(hooks.process, failed)
+        if hooks.process.telemetry is not None:
+            hooks.process.telemetry.close()
         if dist.is_initialized():
             dist.destroy_process_group()
     if summary.get("stopped"):  # no results.json: the run is not over, the next one resumes it

@@ -191,4 +191,15 @@ def check_environment(cfg: TrainConfig, sample_data: bool = False) -> TrainConfi
         check_data(Path(cfg.data_path), model_vocab(cfg.model), expected_tokenizer(cfg.model),
                    sample=sample_data, flag="--data_path")
     check_checkpoint_dir(cfg, loud=sample_data)
+    check_wandb(cfg)
     return cfg
+
+
+def check_wandb(cfg: TrainConfig) -> None:
+    """W&B is an optional extra: a run that asks for it without it installed stops here."""
+    if cfg.wandb_project:
+        import importlib.util
+
+        _need(importlib.util.find_spec("wandb") is not None,
+              f"--wandb_project {cfg.wandb_project!r} needs the wandb package, which is not "
+              "installed: pip install 'nvrx-eks[wandb]'")

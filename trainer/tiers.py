@@ -142,9 +142,11 @@ class Tiers:
         if self.snapshots is not None:
             self.snapshots.own.discard_from(step)
 
-    def after_step(self, step: int, model, optimizer, meta: MetaFn) -> float:
-        """Snapshot and checkpoint as due; returns the seconds the loop was blocked."""
+    def after_step(self, step: int, model, optimizer, meta: MetaFn) -> tuple[float, float]:
+        """Snapshot and checkpoint as due; returns the seconds the loop was blocked, and of
+        those the seconds taking the snapshot."""
         t0 = time.perf_counter()
+        snapshot_s = 0.0
         cfg = self.cfg
         durable_due = self.saves_durably(step)
         if self.checkpoints is not None:
@@ -153,11 +155,13 @@ class Tiers:
         if self.snapshots is not None:
             self.snapshots.own.poll()
             if step % cfg.snapshot_interval == 0 or durable_due or step == cfg.max_steps:
+                t1 = time.perf_counter()
                 slot = self.snapshots.snapshot(step, local_tensors(model, optimizer), meta(step))
+                snapshot_s = time.perf_counter() - t1
         if durable_due:  # a sync write, or a drain of the last one: long calls, see phases
             run_phase("checkpoint", lambda: self._durable(step, model, optimizer, meta, slot),
                       cfg.checkpoint_timeout, self.keepalive, self.env.device)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, snapshot_s
 
     def _durable(self, step: int, model, optimizer, meta: MetaFn, slot, final: bool = False) -> None:
         if slot is None:  # no snapshot to write from: the manager stages its own copy

@@ -1,5 +1,7 @@
 """One training run: its settings ConfigMap, headless Service, NetworkPolicy and Indexed Job
-(or, with `workload: jobset`, a JobSet around that Job, which creates the Service itself).
+(or, with `workload: jobset`, a JobSet around that Job, which creates the Service itself), and
+with `observability.pod_monitor` a PodMonitor for the Prometheus operator. Every pod serves
+/metrics and says so in the conventional `prometheus.io/*` annotations.
 
 Every object is named `train-<run-id>`, so runs coexist and the wrapper can address one run.
 """
@@ -12,6 +14,8 @@ from dataclasses import asdict
 from cdk8s import ApiObject, ApiObjectMetadata, Chart, JsonPatch
 from cdk8s_plus_35 import k8s
 from constructs import Construct
+
+from config.contract import METRICS_PATH
 
 from k8s import checkov, commands, image, naming, network_policy, pod, restart_policy
 from k8s.charts.base import meta
@@ -32,6 +36,16 @@ PORTS = (
     ("inproc-wrapper", naming.INPROCESS_WRAPPER_PORT),
     ("inproc-app", naming.INPROCESS_APP_PORT),
 )
+POD_MONITOR_API_VERSION = "monitoring.coreos.com/v1"
+SCRAPE_INTERVAL = "30s"
+# Pod labels a PodMonitor copies onto every series: which run, and which node of it.
+POD_TARGET_LABELS = (naming.LABEL_RUN_ID, naming.COMPLETION_INDEX_KEY)
+
+
+def scrape_annotations() -> dict[str, str]:
+    """The conventional annotations a Prometheus `kubernetes_sd` configuration keeps pods by."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(naming.METRICS_PORT),
+            "prometheus.io/path": METRICS_PATH}
 
 
 def trainer_uid(dep: Deployment) -> int:
@@ -69,6 +83,8 @@ class TrainingChart(Chart):
         else:
             self._service()
             self._job()
+        if dep.profile.observability.pod_monitor:
+            self._pod_monitor()
 
     def _meta(self) -> k8s.ObjectMeta:
         return meta(self.dep.job_name, self.run_labels, self.dep.namespace)
@@ -93,8 +109,28 @@ class TrainingChart(Chart):
         k8s.KubeService(self, "service", metadata=self._meta(), spec=spec)
 
     def _network_policy(self) -> None:
-        spec = network_policy.same_run_only(self.selector)
+        spec = network_policy.training(
+            self.selector, self.dep.profile.observability.monitoring_namespace, naming.METRICS_PORT
+        )
         k8s.KubeNetworkPolicy(self, "network-policy", metadata=self._meta(), spec=spec)
+
+    def _pod_monitor(self) -> None:
+        """The Prometheus operator's scrape configuration of this run's pods."""
+        spec = {
+            "selector": {"matchLabels": dict(self.selector)},
+            "podMetricsEndpoints": [
+                {"port": naming.METRICS_PORT_NAME, "path": METRICS_PATH, "interval": SCRAPE_INTERVAL}
+            ],
+            "podTargetLabels": list(POD_TARGET_LABELS),
+        }
+        monitor = ApiObject(
+            self,
+            "pod-monitor",
+            api_version=POD_MONITOR_API_VERSION,
+            kind="PodMonitor",
+            metadata=ApiObjectMetadata(name=self.dep.job_name, namespace=self.dep.namespace, labels=self.run_labels),
+        )
+        monitor.add_json_patch(JsonPatch.add("/spec", spec))
 
     def _job_spec(self, backoff_limit: int) -> k8s.JobSpec:
         nodes = self.dep.profile.node_count
@@ -105,7 +141,10 @@ class TrainingChart(Chart):
             backoff_limit=backoff_limit,
             pod_failure_policy=restart_policy.pod_failure_policy(),
             pod_replacement_policy="Failed",
-            template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=self.run_labels), spec=self._pod_spec()),
+            template=k8s.PodTemplateSpec(
+                metadata=k8s.ObjectMeta(labels=self.run_labels, annotations=scrape_annotations()),
+                spec=self._pod_spec(),
+            ),
         )
 
     def _job(self) -> None:
@@ -194,7 +233,10 @@ class TrainingChart(Chart):
             command=command,
             args=args,
             env=training_env(dep),
-            ports=[k8s.ContainerPort(name=name, container_port=port) for name, port in PORTS],
+            ports=[
+                k8s.ContainerPort(name=name, container_port=port)
+                for name, port in (*PORTS, (naming.METRICS_PORT_NAME, naming.METRICS_PORT))
+            ],
             resources=resources.requirements(),
             security_context=pod.container_security(trainer_uid(dep), ["IPC_LOCK"] if dep.has_efa else []),
             volume_mounts=[

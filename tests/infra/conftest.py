@@ -160,13 +160,14 @@ VARIANTS: dict[str, Callable[[], tuple[Profile, dict[str, Any]]]] = {
         ),
         {},
     ),
-    # The JobSet workload, with a public endpoint limited to one network.
+    # The JobSet workload and the CloudWatch add-on, with a public endpoint limited to one network.
     "p4de-jobset": lambda: (
         profile_from_dict(
             raw_profile("p4de")
             | {
                 "name": "p4dejs",
                 "workload": "jobset",
+                "observability": {"cloudwatch": True},
                 "cluster": dict(
                     raw_profile("p4de")["cluster"],
                     endpoint_access="public_and_private",

@@ -582,3 +582,29 @@ def test_hugepages_cover_every_training_pod_with_headroom():
 
     pages_needed = contract.HUGEPAGES_2MI_PER_POD_MIB // 2 * contract.TRAINING_PODS_PER_NODE
     assert c.NR_HUGEPAGES_2MI >= 2 * pages_needed == 5120
+
+
+def test_cloudwatch_addon_only_where_the_profile_asks_with_its_own_pod_identity_role(synth):
+    """`observability.cloudwatch`: the add-on, its agent's policy on a Pod Identity role of the
+    add-on's service account (never on a node role); without it, no add-on."""
+    s = synth("p4de-jobset")
+    addons = [a for a in s.resources("cluster", "AWS::EKS::Addon").values()
+              if a["Properties"]["AddonName"] == c.CLOUDWATCH_ADDON]
+    (addon,) = addons
+    (association,) = addon["Properties"]["PodIdentityAssociations"]
+    assert association["ServiceAccount"] == c.CLOUDWATCH_AGENT_SA
+    role = s.templates["cluster"]["Resources"][association["RoleArn"]["Fn::GetAtt"][0]]
+    statement = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert statement[0]["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    (policy,) = role["Properties"]["ManagedPolicyArns"]
+    assert "CloudWatchAgentServerPolicy" in json.dumps(policy)
+    assert "Policies" not in role["Properties"]  # nothing beyond the managed policy
+    assert set(addon["DependsOn"]) & {k for k, r in s.templates["cluster"]["Resources"].items()
+                                      if r["Type"] == "AWS::EKS::Nodegroup"}
+    for template in s.templates.values():  # no node role carries it
+        for resource in template["Resources"].values():
+            if resource["Type"] == "AWS::IAM::Role" and resource is not role:
+                assert "CloudWatchAgentServerPolicy" not in json.dumps(resource["Properties"])
+    default = synth("p5")
+    assert not [a for a in default.resources("cluster", "AWS::EKS::Addon").values()
+                if a["Properties"]["AddonName"] == c.CLOUDWATCH_ADDON]

@@ -128,3 +128,15 @@ def test_capacity_reservation_combines_with_the_placement_group():
 def test_shipped_profiles_use_the_default_version():
     for name in ("p5", "p4de", "g5-dev"):
         assert load_profile(name).cluster.eks_version == DEFAULT_EKS_VERSION
+
+
+@pytest.mark.parametrize("section, fragment", [
+    ("observability:\n  monitoring_namespace: Prom_NS\n",
+     "observability.monitoring_namespace: monitoring_namespace 'Prom_NS' is not a valid "
+     "Kubernetes name"),
+    ("observability:\n  cloudwatch: sometimes\n", "observability.cloudwatch: Input should be a valid boolean"),
+    ("observability:\n  grafana: true\n",
+     "observability.grafana: unknown key; known keys: monitoring_namespace, pod_monitor, cloudwatch"),
+])
+def test_observability_settings_are_checked(tmp_path, section, fragment):
+    assert fragment in error_of(write(tmp_path, P5 + section))

@@ -140,7 +140,7 @@ def test_cli_writes_files(outputs_file, tmp_path: Path, capsys) -> None:
     assert code == 0
     names = sorted(p.name for p in (tmp_path / "dist").iterdir())
     assert names == ["00-namespace.yaml", "10-common.yaml", "20-data-prep.yaml", "30-train-cli-run.yaml",
-                     "40-results-cli-run.yaml", "50-export-cli-run.yaml"]  # fmt: skip
+                     "40-results-cli-run.yaml", "45-watch-cli-run.yaml", "50-export-cli-run.yaml"]  # fmt: skip
     assert "run cli-run (baseline, 2x p4de.24xlarge)" in capsys.readouterr().out
 
 

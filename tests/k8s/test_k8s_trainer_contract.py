@@ -36,8 +36,8 @@ def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
 
 def test_the_pods_open_the_ports_the_launcher_and_its_ranks_use(synthesis) -> None:
     """P the rendezvous store, P+1 the Wrapper's store, P+2 the application store (the
-    contract's rule); the Service and container ports are those, and the rank finds its
-    Wrapper store where the pods open it."""
+    contract's rule); the Service and container ports are those and the launcher's metrics
+    port, which it is given; the rank finds its Wrapper store where the pods open it."""
     from config import contract
     from trainer.config import parse_args
     from trainer.recovery.launch import launch_env, parse
@@ -47,9 +47,10 @@ def test_the_pods_open_the_ports_the_launcher_and_its_ranks_use(synthesis) -> No
     assert naming.INPROCESS_WRAPPER_PORT == contract.wrapper_store_port(port)
     assert naming.INPROCESS_APP_PORT == contract.app_store_port(port)
     opened = {p["containerPort"] for p in synthesis.trainer["ports"]}
-    assert opened == set(range(port, port + contract.PORTS_PER_JOB))
+    assert opened == {*range(port, port + contract.PORTS_PER_JOB), contract.METRICS_PORT}
     spec, trainer_args = parse([a.replace(f"$({naming.COMPLETION_INDEX_ENV})", "0")
                                 for a in synthesis.trainer["args"]])
+    assert spec.metrics_port == contract.METRICS_PORT
     cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)
     assert contract.inprocess_ports(launch_env(spec, cfg, base={})) == \
         (naming.INPROCESS_WRAPPER_PORT, naming.INPROCESS_APP_PORT)

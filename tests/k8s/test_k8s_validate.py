@@ -32,7 +32,8 @@ def test_newest_bundled_schema_is_checked() -> None:
 def test_all_parts_are_synthesized(synthesis) -> None:
     kinds = sorted(d["kind"] for d in synthesis.docs())
     assert kinds == sorted(
-        ["Namespace", "ServiceAccount", "Job", "ConfigMap", "Service", "Job", "Pod", "Job"] + ["NetworkPolicy"] * 4
+        ["Namespace", "ServiceAccount", "Job", "ConfigMap", "Service", "Job", "Pod", "Pod", "Job"]
+        + ["NetworkPolicy"] * 5
     )
 
 

@@ -27,11 +27,13 @@ if args[:2] == ["config", "view"]:
 elif "get" in args and "jobs" in args and "json" in args:
     print(os.environ.get("FAKE_JOBS", '{{"items": []}}'))
 elif "get" in args and "job" in args and any(a.startswith("jsonpath=") for a in args):
-    print(os.environ.get("FAKE_JOB_CONDITIONS", "Complete "), end="")
+    print(os.environ.get("FAKE_JOB_CONDITIONS", " 1  Complete "), end="")
 elif "get" in args and "pods" in args and any(a.startswith("jsonpath=") for a in args):
     print(os.environ.get("FAKE_POD", ""), end="")
-elif "cp" in args and any(a.endswith("/events") for a in args):
+elif "cp" in args and any(a.endswith(os.environ.get("FAKE_CP_MISSING", "/events")) for a in args):
     sys.exit(1)
+elif "exec" in args:
+    print("the view")
 """
 
 

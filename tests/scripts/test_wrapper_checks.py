@@ -14,12 +14,12 @@ import pytest
 from config import load_profile
 from config.contract import TERMINATION_GRACE_FLOOR_S
 from scripts import plan as planning
-from scripts.nvrx_eks import main
+from scripts.nvrx_eks import JOB_STATE, job_state, main
 
 BAD_RUN_IDS = ("../x", "x --all", "x,nvrx-eks/run-id=y", "X", "-x", "a b")
 
 
-@pytest.mark.parametrize("command", ["stop", "status", "logs", "results", "export"])
+@pytest.mark.parametrize("command", ["stop", "status", "logs", "results", "watch", "export"])
 @pytest.mark.parametrize("run_id", BAD_RUN_IDS)
 def test_run_ids_are_checked_before_kubectl(command, run_id, fake_kubectl, outputs: Path, capsys) -> None:
     extra = ["--format", "hf"] if command == "export" else []
@@ -42,18 +42,30 @@ def test_dry_run_writes_no_file(outputs: Path, tmp_path: Path, monkeypatch, caps
 
 def test_prepare_data_wait_stops_on_a_failed_job(fake_kubectl, outputs: Path, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("FAKE_JOB_CONDITIONS", "FailureTarget Failed ")
+    monkeypatch.setenv("FAKE_JOB_CONDITIONS", "  1 FailureTarget Failed ")
     code = main(["prepare-data", "--profile", "p5", "--outputs", str(outputs), "--wait", "--timeout", "1h"])
     assert code == 2
-    assert "Job 'data-prep' failed" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "Job 'data-prep' failed" in captured.err
+    assert "Job data-prep: 0 active, 0 succeeded, 1 failed (FailureTarget, Failed), 0 s of at most 3600 s" \
+        in captured.out
 
 
-def test_prepare_data_wait_returns_on_complete(fake_kubectl, outputs: Path, tmp_path, monkeypatch) -> None:
+def test_prepare_data_wait_returns_on_complete(fake_kubectl, outputs: Path, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("FAKE_JOB_CONDITIONS", "SuccessCriteriaMet Complete ")
+    monkeypatch.setenv("FAKE_JOB_CONDITIONS", " 1  SuccessCriteriaMet Complete ")
     assert main(["prepare-data", "--profile", "p5", "--outputs", str(outputs), "--wait"]) == 0
-    assert fake_kubectl.calls()[-1][-3:] == ["data-prep", "--output",
-                                             'jsonpath={range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}']
+    assert fake_kubectl.calls()[-1][-3:] == ["data-prep", "--output", f"jsonpath={JOB_STATE}"]
+    assert "Job data-prep: 0 active, 1 succeeded, 0 failed (SuccessCriteriaMet, Complete)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, line, conditions", [
+    ("1   ", "1 active, 0 succeeded, 0 failed", set()),  # kubectl leaves unset counts empty
+    ("   ", "0 active, 0 succeeded, 0 failed", set()),  # not started yet
+    ("2 3 1 Suspended ", "2 active, 3 succeeded, 1 failed (Suspended)", {"Suspended"}),
+])
+def test_job_state_lines(answer, line, conditions) -> None:
+    assert job_state(answer) == (line, conditions)
 
 
 def test_bad_wait_timeout_is_refused(fake_kubectl, outputs: Path, tmp_path, monkeypatch, capsys) -> None:

@@ -109,10 +109,35 @@ def test_results_copies_and_always_deletes_the_pod(run, fake_kubectl, tmp_path: 
     calls = verbs(fake_kubectl.calls())
     assert calls[0] == ["apply", "--filename", "dist/p5/40-results-r1.yaml"]
     copied = [c[-1] for c in calls if c[0] == "cp"]
-    assert copied == ["runs/r1/results.json", "runs/r1/events", "runs/r1/settings.json", "runs/r1/report"]
-    assert "# events not copied (not written to /fsx/runs/r1?); skipped" in out  # the fake fails that copy
+    assert copied == ["runs/r1/results.json", "runs/r1/events", "runs/r1/tensorboard", "runs/r1/settings.json",
+                      "runs/r1/report"]
+    assert "# events not copied (not written to /fsx/runs/r1 yet?); skipped" in out  # the fake fails that copy
     assert calls[-1] == ["delete", "pod,networkpolicy", "results-r1", "--ignore-not-found", "--wait=false"]
     assert (tmp_path / "runs/r1").is_dir()
+    assert out.splitlines()[-1].startswith("# results of r1 in runs/r1/")
+
+
+def test_results_of_a_run_still_training_copies_what_exists(run, fake_kubectl, monkeypatch) -> None:
+    """No results.json before training ends: the event log and the rest are copied all the same."""
+    monkeypatch.setenv("FAKE_CP_MISSING", "/results.json")
+    code, out, _ = run("results", "--run-id", "r1")
+    assert code == 0
+    assert "# results.json not copied (not written to /fsx/runs/r1 yet?); skipped" in out
+    assert [c[-1] for c in verbs(fake_kubectl.calls()) if c[0] == "cp"][1] == "runs/r1/events"
+    assert out.splitlines()[-1] == (
+        "# events, tensorboard, settings.json, report of r1 in runs/r1/; no results.json: training has "
+        "not ended (its view so far: python -m devtools.watch runs/r1 --once)")
+
+
+def test_watch_runs_the_view_in_its_own_pod_and_always_deletes_it(run, fake_kubectl) -> None:
+    code, out, _ = run("watch", "--run-id", "r1", "--interval", "5")
+    assert code == 0
+    calls = verbs(fake_kubectl.calls())
+    assert calls[0] == ["apply", "--filename", "dist/p5/45-watch-r1.yaml"]
+    assert calls[1] == ["wait", "--for=condition=Ready", "pod/watch-r1", "--timeout=10m"]
+    assert calls[2] == ["exec", "watch-r1", "--container", "results", "--", "python", "-m",
+                        "trainer.telemetry.status", "/fsx/runs/r1", "--interval", "5"]
+    assert calls[-1] == ["delete", "pod,networkpolicy", "watch-r1", "--ignore-not-found", "--wait=false"]
 
 
 def test_cleanup_order(run, fake_kubectl) -> None:

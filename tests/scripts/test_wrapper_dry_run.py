@@ -84,7 +84,8 @@ def test_prepare_data(run) -> None:
         f"{NS} apply --filename dist/p5/10-common.yaml --filename dist/p5/20-data-prep.yaml",
         "# until Complete or Failed, every 10 s for at most 7200 s:",
         f"{NS} get job data-prep --output "
-        """'jsonpath={range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}'""",
+        """'jsonpath={.status.active}{" "}{.status.succeeded}{" "}{.status.failed}{" "}"""
+        """{range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}'""",
     ]
 
 
@@ -127,6 +128,24 @@ def test_results(run, tmp_path: Path) -> None:
     assert not (tmp_path / "dist").exists()  # and writes no manifest
 
 
+def test_watch(run, tmp_path: Path) -> None:
+    code, out, _ = run("watch", "--run-id", "r1", "--once")
+    assert code == 0
+    assert out == [
+        f"{NS} apply --filename dist/p5/45-watch-r1.yaml",
+        f"{NS} wait --for=condition=Ready pod/watch-r1 --timeout=10m",
+        f"{NS} exec watch-r1 --container results -- python -m trainer.telemetry.status /fsx/runs/r1 "
+        "--interval 10 --once",
+        f"{NS} delete pod,networkpolicy watch-r1 --ignore-not-found --wait=false",
+    ]
+    assert not (tmp_path / "dist").exists()
+
+
+def test_watch_refuses_a_bad_interval(run) -> None:
+    code, _, err = run("watch", "--run-id", "r1", "--interval", "0")
+    assert code == 2 and "--interval 0 must be positive" in err
+
+
 def test_export(run, tmp_path: Path) -> None:
     code, out, _ = run("export", "--run-id", "r1", "--format", "hf")
     assert code == 0
@@ -144,7 +163,8 @@ def test_export(run, tmp_path: Path) -> None:
     assert out[3:] == [
         "# until Complete or Failed, every 10 s for at most 1800 s:",
         f"{NS} get job export-dcp-r1 --output "
-        """'jsonpath={range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}'""",
+        """'jsonpath={.status.active}{" "}{.status.succeeded}{" "}{.status.failed}{" "}"""
+        """{range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}'""",
     ]
     assert not (tmp_path / "dist").exists()
 

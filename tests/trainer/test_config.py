@@ -1,5 +1,6 @@
 """Bad flags: one line on stderr, exit code 2, before any process group or file exists."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -22,6 +23,10 @@ from tests.jobs import ROOT
     (["--model", "gpt-5"], "neither a preset"),
     (["--mode", "inprocess", "--nccl_timeout", "100", "--hard_timeout", "90"], "must be below --hard_timeout"),
     (["--soft_timeout", "100", "--hard_timeout", "90"], "soft (100.0) < hard (90.0)"),
+    pytest.param(["--wandb_project", "demo"],
+                 "--wandb_project 'demo' needs the wandb package, which is not installed",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("wandb") is not None,
+                                          reason="wandb is installed here")),
 ])
 def test_bad_flag_is_one_line_and_exit_2(tmp_path, args, fragment):
     proc = subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, capture_output=True,
@@ -40,6 +45,26 @@ def test_local_runner_rejects_bad_trainer_flags_before_launching(tmp_path):
     assert proc.returncode == 2
     assert "--batch_size 0 must be at least 1" in proc.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["python -m trainer.recovery.launch", "--metrics_port", "70000"],
+     "--metrics_port 70000 must be a port number, 0 to 65535 (0: off)"),
+    (["python -m devtools.local", "--metrics_port", "65535", "--nnodes", "2"],
+     "--metrics_port 65535 leaves no port for each of 2 node(s)"),
+])
+def test_a_bad_metrics_port_is_one_line_and_exit_2(tmp_path, argv, fragment):
+    prog, *flags = argv
+    module = prog.split()[-1]
+    common = ["--mode", "baseline"] + (["--nnodes", "1", "--nproc_per_node", "1", "--node_rank",
+                                        "0", "--master_addr", "127.0.0.1"]
+                                       if module.startswith("trainer") else
+                                       ["--run_dir", str(tmp_path / "run")])
+    proc = subprocess.run([sys.executable, "-m", module, *common, *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert fragment in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run").exists()
 
 
 def test_launcher_command_per_mode():

@@ -29,7 +29,9 @@ not JSON or not an event (a JSON object with a numeric `t`, a string `event` and
 `rank`) is skipped and counted (`LogStats`), never fatal. Each file is put in time order through
 a small window (`REORDER_SECONDS`: processes of one node stamp and append in slightly different
 orders), and the files are merged with heapq.merge, so that a reader holds a window of events
-per file, never the whole log.
+per file, never the whole log. A live view (the trainer's TensorBoard and metrics, `watch`)
+reads the log while it grows through `Follower`: the same lines, the same order, each event
+released once no line still to come can sort before it.
 
     python -m trainer.accounting.events merge runs/<id>/events [--out events.jsonl]
 
@@ -76,6 +78,11 @@ class Detection(enum.StrEnum):
     JOB_RESTART = "job_restart"  # the job started again, nothing seen before (a node lost, say)
     MONITOR_ERROR = "monitor_error"  # the Wrapper's monitor process failed
     UNKNOWN = "unknown"
+
+
+def utc_stamp(t: float) -> str:
+    """An event's time as rank-0 log lines show it: 2026-01-31T12:00:03Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def events_dir(output_dir: str | Path) -> Path:
@@ -255,8 +262,7 @@ def _decode(line: bytes) -> Optional[dict]:
 
 
 def _parse(path: Path, stats: LogStats) -> Iterator[dict]:
-    """A file's events in file order; damaged lines skipped and counted. An event written
-    after a torn fragment on the same line (by a writer that could not know) is kept."""
+    """A file's events in file order; damaged lines skipped and counted (`_event_of`)."""
     try:
         f = path.open("rb")
     except OSError:
@@ -276,18 +282,26 @@ def _parse(path: Path, stats: LogStats) -> Iterator[dict]:
                 return
             if not line:
                 return
-            line = line.strip()
-            if not line:
-                continue
-            event = _decode(line)
-            if event is None:
-                stats.skipped(f"{path.name} line {number}")
-                start = line.rfind(_START)
-                event = _decode(line[start:]) if start > 0 else None
-                if event is None:
-                    continue
-            stats.events += 1
-            yield event
+            event = _event_of(line, stats, f"{path.name} line {number}")
+            if event is not None:
+                yield event
+
+
+def _event_of(line: bytes, stats: LogStats, where: str) -> Optional[dict]:
+    """One line's event, or None for a blank or damaged line (counted). An event written after
+    a torn fragment on the same line (by a writer that could not know) is kept."""
+    line = line.strip()
+    if not line:
+        return None
+    event = _decode(line)
+    if event is None:
+        stats.skipped(where)
+        start = line.rfind(_START)
+        event = _decode(line[start:]) if start > 0 else None
+        if event is None:
+            return None
+    stats.events += 1
+    return event
 
 
 def _in_time_order(events: Iterable[dict], window: float = REORDER_SECONDS) -> Iterator[dict]:
@@ -328,6 +342,94 @@ def read_events(where: str | Path, stats: Optional[LogStats] = None,
     files = log_files(where)
     stats.files += len(files)
     return _merged(files, stats, fan_in)
+
+
+class Follower:
+    """Reads a log while it is written: each `poll` returns the events appended since the last
+    one, in time order. `where` is an events directory (files that appear later are followed
+    too) or a list of files.
+
+    An event is held while it is less than `window` seconds older than the newest event read
+    or the clock (a line still to come may sort before it), or while a file still has unread
+    bytes and its newest event read is older (`behind`: a poll reads at most `chunk` bytes of
+    each file, so that catching up on a long log holds a chunk per file, never the log). A
+    `final` poll holds nothing back but what an unread file may still precede."""
+
+    def __init__(self, where: str | Path | Sequence[Path], stats: Optional[LogStats] = None,
+                 window: float = REORDER_SECONDS, chunk: int = 2 * MAX_LINE_BYTES):
+        self.where = where if isinstance(where, (str, Path)) else [Path(f) for f in where]
+        self.stats = stats if stats is not None else LogStats()
+        self.window, self.chunk = window, chunk
+        self.behind = False  # some file had more bytes than the last poll read
+        self._offsets: dict[Path, int] = {}
+        self._lines: dict[Path, int] = {}
+        self._newest_of: dict[Path, float] = {}
+        self._skipping: set[Path] = set()  # inside a line longer than MAX_LINE_BYTES
+        self._held: list[tuple[float, int, dict]] = []
+        self._seq = itertools.count()
+        self._newest = -math.inf
+
+    def _files(self) -> list[Path]:
+        if isinstance(self.where, list):
+            return [f for f in self.where if f.is_file()]
+        return log_files(self.where)
+
+    def poll(self, final: bool = False, now: Optional[float] = None) -> list[dict]:
+        bound, self.behind = math.inf, False
+        for path in self._files():
+            if path not in self._offsets:
+                self._offsets[path], self._lines[path] = 0, 0
+                self.stats.files += 1
+            events, more = self._read(path, final)
+            for e in events:
+                heapq.heappush(self._held, (e["t"], next(self._seq), e))
+                self._newest = max(self._newest, e["t"])
+                self._newest_of[path] = max(self._newest_of.get(path, -math.inf), e["t"])
+            if more:
+                self.behind = True
+                bound = min(bound, self._newest_of.get(path, -math.inf))
+        clock = time.time() if now is None else now
+        until = bound if final else min(bound, max(self._newest, clock) - self.window)
+        out = []
+        while self._held and self._held[0][0] <= until:
+            out.append(heapq.heappop(self._held)[2])
+        return out
+
+    def _read(self, path: Path, final: bool) -> tuple[list[dict], bool]:
+        """The complete lines appended to `path` since the last read (with `final`, a last
+        line without its newline too), and whether more bytes follow them."""
+        try:
+            with path.open("rb") as f:
+                f.seek(self._offsets[path])
+                data = f.read(self.chunk)
+        except OSError as exc:
+            self.stats.skipped(f"{path}: {exc}")
+            return [], False
+        more = len(data) == self.chunk
+        end = data.rfind(b"\n") + 1  # complete lines only: a writer may be mid-line
+        if final and not more:
+            end = len(data)
+        if end == 0:
+            if more:  # no end within a chunk: damage, not an event
+                self._skipping.add(path)
+                self._offsets[path] += len(data)
+            return [], more
+        self._offsets[path] += end
+        lines = data[:end].split(b"\n")
+        if data[:end].endswith(b"\n"):
+            lines.pop()
+        events = []
+        for line in lines:
+            self._lines[path] += 1
+            where = f"{path.name} line {self._lines[path]}"
+            if path in self._skipping or len(line) > MAX_LINE_BYTES:
+                self._skipping.discard(path)  # the end of a line too long to be an event
+                self.stats.skipped(where)
+                continue
+            event = _event_of(line, self.stats, where)
+            if event is not None:
+                events.append(event)
+        return events, more
 
 
 def write_jsonl(events: Iterable[dict], path: Path) -> int:

@@ -29,6 +29,9 @@ Definitions (also in the README):
   The save at the end of training and the final wait for the last background write are reported
   apart (checkpoint.final_seconds): they end a run, they do not slow its steady state.
 
+The pass (`Goodput`) can be asked for its figures at any moment: results.json asks once at the
+end (`summarize`), a live view while the run trains.
+
 Memory: the pass keeps running sums, the distinct step durations, a window of the last steps
 (a checkpoint's event may come a step after its step's), the last event time per rank, and the
 evidence of the failure in progress; never the log.
@@ -116,9 +119,15 @@ class _SteadySteps:
         self.pending = deque(p for p in self.pending if p[0] != step)
 
     def median(self) -> Optional[float]:
-        while self.pending:
-            self.steady.add(self.pending.popleft()[1])
-        return self.steady.value()
+        """The median so far, the steps still waiting in the window counted; nothing changes,
+        so the pass can go on (a live view asks while the run trains)."""
+        if not self.pending:
+            return self.steady.value()
+        now = Median()
+        now.counts, now.n = self.steady.counts.copy(), self.steady.n
+        for _, dt in self.pending:
+            now.add(dt)
+        return now.value()
 
 
 @dataclass
@@ -327,9 +336,13 @@ class _Failures:
         self.downtime += down
         self.current = None
 
-    def finish(self) -> None:
-        if self.current is not None:
-            self._close(None)
+    def so_far(self) -> tuple[list[dict], float]:
+        """Every failure's entry and the downtime so far, the one in progress included, without
+        closing it."""
+        if self.current is None:
+            return self.entries, self.downtime
+        entry, down = self.current.entry(None)
+        return [*self.entries, entry], self.downtime + down
 
 
 @dataclass
@@ -351,6 +364,7 @@ class _Totals:
     bytes_per_rank: int = 0
     writes: float = 0.0
     writes_n: int = 0
+    last_commit: Optional[dict] = None  # the newest durable checkpoint: its ckpt_commit event
 
     def feed(self, e: dict) -> None:
         name, rank = e["event"], e["rank"]
@@ -385,54 +399,85 @@ class _Totals:
         elif name == "ckpt_commit":
             self.writes += e["write_s"]
             self.writes_n += 1
+            self.last_commit = e
+
+
+class Goodput:
+    """The one pass behind every figure: `feed` it the events in time order, ask `summary` at
+    any moment. results.json asks once, at the end (`summarize`); a live view (the trainer's
+    TensorBoard and metrics, `watch`) asks as the events come, and nothing is computed twice."""
+
+    def __init__(self, max_steps: int, checkpoint_interval: int):
+        self.max_steps, self.checkpoint_interval = max_steps, checkpoint_interval
+        self.totals, self.failures = _Totals(), _Failures()
+        self.t_first = self.t_last = self.t_launch = self.t_end = None
+        self.events = 0
+
+    def feed(self, e: dict) -> None:
+        t = e["t"]
+        self.events += 1
+        self.t_first = t if self.t_first is None else min(self.t_first, t)
+        self.t_last = t if self.t_last is None else max(self.t_last, t)
+        if e["event"] == "launch":
+            self.t_launch = t if self.t_launch is None else min(self.t_launch, t)
+        elif e["event"] == "train_end" and e["rank"] == 0:
+            self.t_end = t
+        self.totals.feed(e)
+        self.failures.feed(e)
+
+    @property
+    def ended(self) -> bool:
+        """Rank 0 has ended training (its `train_end`)."""
+        return self.t_end is not None
+
+    def summary(self) -> dict[str, Any]:
+        """Every figure of results.json, from the events fed so far (a failure still in
+        progress is an entry without its recovery)."""
+        if self.t_first is None:
+            raise ValueError("the event log is empty")
+        totals = self.totals
+        faults, downtime = self.failures.so_far()
+        t_begin = self.t_launch if self.t_launch is not None else self.t_first
+        wall = max((self.t_end if self.t_end is not None else self.t_last) - t_begin, 1e-9)
+        start_step = totals.start_step or 0
+        final_step = totals.final_step if totals.final_step is not None else start_step
+        useful_steps = max(0, final_step - start_step)
+        step_time = totals.steps.median() or totals.every_step.value() or 0.0
+        loop_s = totals.step_seconds + totals.stalls
+        recoveries = [f["recovery_seconds"] for f in faults if f["recovery_seconds"] is not None]
+        commit = totals.last_commit or {}
+        return {
+            "steps_completed": final_step,
+            "max_steps": self.max_steps,
+            "wall_seconds": wall,
+            "step_time_seconds": step_time,
+            "useful_steps": useful_steps,
+            "training_efficiency_pct": 100.0 * (1.0 - totals.stalls / loop_s) if loop_s else None,
+            "loop_step_seconds": totals.steady_loop / totals.steady_loop_n if totals.steady_loop_n else None,
+            "training_goodput_pct": 100.0 * useful_steps * step_time / wall,
+            "infra_goodput_pct": 100.0 * (wall - downtime) / wall,
+            "recovery_seconds_mean": sum(recoveries) / len(recoveries) if recoveries else None,
+            "restarts": sum(len(f["restarts"]) for f in faults),
+            "checkpoint": {
+                "count": totals.saves,
+                "interval": self.checkpoint_interval,
+                "blocking_seconds_total": totals.blocking,
+                "blocking_seconds_mean": totals.blocking / totals.blocking_n if totals.blocking_n else 0.0,
+                "final_seconds": totals.final_seconds,
+                "write_seconds_mean": totals.writes / totals.writes_n if totals.writes_n else 0.0,
+                "bytes_per_rank": totals.bytes_per_rank,
+                "last_step": commit.get("step"),
+                "last_committed_at": commit.get("t"),
+                "last_write_seconds": commit.get("write_s"),
+            },
+            "faults": faults,
+        }
 
 
 def summarize(events: Iterable[dict], max_steps: int, checkpoint_interval: int) -> dict[str, Any]:
     """Every figure of results.json, from one pass over `events` in time order (what
     `trainer.accounting.events.read_events` yields)."""
-    totals, failures = _Totals(), _Failures()
-    t_first = t_last = t_launch = t_end = None
+    run = Goodput(max_steps, checkpoint_interval)
     for e in events:
-        t = e["t"]
-        t_first = t if t_first is None else min(t_first, t)
-        t_last = t if t_last is None else max(t_last, t)
-        if e["event"] == "launch":
-            t_launch = t if t_launch is None else min(t_launch, t)
-        elif e["event"] == "train_end" and e["rank"] == 0:
-            t_end = t
-        totals.feed(e)
-        failures.feed(e)
-    if t_first is None:
-        raise ValueError("the event log is empty")
-    failures.finish()
-    t_begin = t_launch if t_launch is not None else t_first
-    wall = max((t_end if t_end is not None else t_last) - t_begin, 1e-9)
-    start_step = totals.start_step or 0
-    final_step = totals.final_step if totals.final_step is not None else start_step
-    useful_steps = max(0, final_step - start_step)
-    step_time = totals.steps.median() or totals.every_step.value() or 0.0
-    loop_s = totals.step_seconds + totals.stalls
-    recoveries = [f["recovery_seconds"] for f in failures.entries if f["recovery_seconds"] is not None]
-    return {
-        "steps_completed": final_step,
-        "max_steps": max_steps,
-        "wall_seconds": wall,
-        "step_time_seconds": step_time,
-        "useful_steps": useful_steps,
-        "training_efficiency_pct": 100.0 * (1.0 - totals.stalls / loop_s) if loop_s else None,
-        "loop_step_seconds": totals.steady_loop / totals.steady_loop_n if totals.steady_loop_n else None,
-        "training_goodput_pct": 100.0 * useful_steps * step_time / wall,
-        "infra_goodput_pct": 100.0 * (wall - failures.downtime) / wall,
-        "recovery_seconds_mean": sum(recoveries) / len(recoveries) if recoveries else None,
-        "restarts": sum(len(f["restarts"]) for f in failures.entries),
-        "checkpoint": {
-            "count": totals.saves,
-            "interval": checkpoint_interval,
-            "blocking_seconds_total": totals.blocking,
-            "blocking_seconds_mean": totals.blocking / totals.blocking_n if totals.blocking_n else 0.0,
-            "final_seconds": totals.final_seconds,
-            "write_seconds_mean": totals.writes / totals.writes_n if totals.writes_n else 0.0,
-            "bytes_per_rank": totals.bytes_per_rank,
-        },
-        "faults": failures.entries,
-    }
+        run.feed(e)
+    return run.summary()

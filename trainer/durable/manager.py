@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from trainer.accounting.events import EventLog
+from trainer.accounting.events import EventLog, utc_stamp
 from trainer.atomic import read_json, write_json_atomic
 from trainer.buffers import HostBuffer, Layout, host_copy_stream
 from trainer.durable.state import local_tensors, overlapping_ranks, restore, shard_layout
@@ -312,10 +312,15 @@ class CheckpointManager:
                 self._publish_landed(background=True)
 
     def _publish(self, step: int, markers: list[dict]) -> None:
+        """Rank 0: commit `step`, say so in the log (one line: the slowest rank's write time)."""
         time.sleep(injected_delay("commit"))
         self.store.commit(step, markers, {})
-        self.events.emit("ckpt_commit", step=step, write_s=max(m["write_seconds"] for m in markers),
-                         bytes=sum(m["bytes"] for m in markers))
+        event = self.events.emit("ckpt_commit", step=step,
+                                 write_s=max(m["write_seconds"] for m in markers),
+                                 bytes=sum(m["bytes"] for m in markers))
+        self.log(f"{utc_stamp(event['t'])} checkpoint step {step} committed: "
+                 f"{event['bytes'] / 2**30:.2f} GiB from {len(markers)} rank(s), written in "
+                 f"{event['write_s']:.2f} s")
 
     def _publish_caught(self, step: int, markers: list[dict]) -> None:
         try:

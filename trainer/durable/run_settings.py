@@ -20,7 +20,8 @@ SETTINGS_FILE = "SETTINGS.json"
 IDENTITY = ("model", "seq_len", "seed")
 # Where a run writes and how it recovers: not a change of the training.
 NOT_COMPARED = {"checkpoint_dir", "results_path", "node_dir", "data_path", "resume", "device",
-                "log_interval", "trace_samples", "profile_from", "profile_steps"}
+                "log_interval", "trace_samples", "profile_from", "profile_steps", "tensorboard",
+                "wandb_project"}
 
 
 def check_unchanged(cfg, log: Callable[[str], None]) -> None:

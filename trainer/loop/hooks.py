@@ -2,7 +2,8 @@
 
 The loop (`train.run`) is one attempt. The recovery layers around it (in-process restart,
 ft_launcher's heartbeats) reach it only through a `Hooks`; the objects an in-process restart
-must find again (the tiers' buffers and writer, the directory's lease, the layers' own clients)
+must find again (the tiers' buffers and writer, the directory's lease, the layers' own clients,
+the step log's sinks)
 live in its `ProcessState`, one per process.
 """
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from trainer.durable.lease import Lease
     from trainer.durable.manager import CheckpointManager
     from trainer.snapshots import Snapshotter
+    from trainer.telemetry.report import Telemetry
 
 KEEPALIVE_S = 0.25
 T = TypeVar("T")
@@ -39,6 +41,7 @@ class ProcessState:
     leased: bool = False                               # the lease was taken (or waited for) once
     app_store: Optional[dist.Store] = None             # in-process: the trainer's own store
     ft_client: Optional["RankMonitorClient"] = None    # ft_launcher: the rank's heartbeats
+    telemetry: Optional["Telemetry"] = None            # the step log's sinks and live figures
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """What the step loop reports and how it learns it: step figures read back from the device one
-step late, tokens/s and MFU, and the step log's window.
+step late, tokens/s and MFU, and the step log's window, whose figures (`StepFigures`) the log
+line, TensorBoard, W&B and the metrics endpoint all show (`trainer.telemetry`).
 
 Reading a step's figures must never stall the device nor block in CUDA holding the GIL, so
 everything here polls events and reads pinned host memory.
@@ -15,6 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
+from trainer.accounting.events import utc_stamp
 from trainer.buffers import host_copy_stream
 
 
@@ -30,7 +32,8 @@ class StepRecord:
     end: Optional["torch.cuda.Event"] = None     # the step's work complete
     copied: Optional["torch.cuda.Event"] = None  # its figures on the host
     dt: float = 0.0
-    stall: float = 0.0
+    stall: float = 0.0                       # seconds the loop was blocked after the step
+    snapshot_s: float = 0.0                  # of which taking the snapshot
     done: float = 0.0                        # wall clock when the step's work completed
     indices: list = field(default_factory=list)
 
@@ -161,32 +164,74 @@ class Throughput:
                 "mfu_pct": self.mfu_pct(tps) if tps else None}
 
 
-class Window:
-    """What the step log shows: means over the steps since the last line, and wall-clock
+@dataclass(frozen=True)
+class StepFigures:
+    """One step-log line's figures: means over the steps since the last line, and wall-clock
     throughput over the same span (so it includes checkpoint and snapshot stalls)."""
+
+    step: int
+    max_steps: int
+    time: float                  # wall clock of the line
+    steps: int                   # steps in the window
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens_per_second: float
+    tokens_per_second_per_gpu: float
+    mfu_pct: Optional[float]     # None where the device's peak is unknown (CPUs)
+    checkpoint_stall_s: float    # the window's seconds blocked by durable checkpoints
+    snapshot_stall_s: float      # ... and by snapshots
+    memory_gib: Optional[float] = None        # peak device memory reserved in the window (CUDA)
+    memory_total_gib: Optional[float] = None
+
+    def line(self) -> str:
+        tps = self.tokens_per_second
+        return (f"{utc_stamp(self.time)} step {self.step:>6}/{self.max_steps} | loss {self.loss:.4f} | "
+                f"grad norm {self.grad_norm:.3f} | lr {self.lr:.2e} | "
+                f"{tps:>10,.0f} tok/s ({self.tokens_per_second_per_gpu:,.0f}/gpu, with stalls) | "
+                + (f"MFU {self.mfu_pct:.1f}% | " if self.mfu_pct is not None else "")
+                + f"ckpt stall {self.checkpoint_stall_s:.3f} s"
+                + (f" | snapshot {self.snapshot_stall_s:.3f} s" if self.snapshot_stall_s else "")
+                + (f" | mem {self.memory_gib:.1f}/{self.memory_total_gib:.0f} GiB"
+                   if self.memory_gib is not None else ""))
+
+
+class Window:
+    """The steps since the last log line."""
 
     def __init__(self, t: float):
         self.reset(t)
 
     def reset(self, t: float) -> None:
-        self.t, self.steps, self.loss, self.grad_norm, self.stall, self.lr = t, 0, 0.0, 0.0, 0.0, 0.0
+        self.t, self.steps, self.loss, self.grad_norm, self.lr = t, 0, 0.0, 0.0, 0.0
+        self.stall = self.snapshot = 0.0
 
     def add(self, rec: StepRecord) -> None:
         self.steps += 1
         self.loss += rec.loss
         self.grad_norm += rec.grad_norm
         self.stall += rec.stall
+        self.snapshot += rec.snapshot_s
         self.lr = rec.lr
 
-    def line(self, step: int, max_steps: int, perf: Throughput) -> str:
+    def figures(self, step: int, max_steps: int, perf: Throughput,
+                device: torch.device) -> StepFigures:
         n = max(1, self.steps)
         tps = perf.tokens_per_step * self.steps / max(time.perf_counter() - self.t, 1e-9)
-        mfu = perf.mfu_pct(tps)
-        return (f"step {step:>6}/{max_steps} | loss {self.loss / n:.4f} | "
-                f"grad norm {self.grad_norm / n:.3f} | lr {self.lr:.2e} | "
-                f"{tps:>10,.0f} tok/s ({perf.per_gpu(tps):,.0f}/gpu, with stalls) | "
-                + (f"MFU {mfu:.1f}% | " if mfu is not None else "")
-                + f"ckpt stall {self.stall:.3f} s")
+        memory, total = device_memory(device)
+        return StepFigures(step, max_steps, time.time(), self.steps, self.loss / n,
+                           self.grad_norm / n, self.lr, tps, perf.per_gpu(tps), perf.mfu_pct(tps),
+                           self.stall - self.snapshot, self.snapshot, memory, total)
+
+
+def device_memory(device: torch.device) -> tuple[Optional[float], Optional[float]]:
+    """(peak GiB the caching allocator reserved since the last call, the device's GiB), on a
+    GPU; (None, None) elsewhere. Reading the allocator's counters does not synchronize."""
+    if device.type != "cuda":
+        return None, None
+    peak = torch.cuda.max_memory_reserved(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak, torch.cuda.get_device_properties(device).total_memory / 2**30
 
 
 def device_name(device: torch.device) -> str:

@@ -227,7 +227,8 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     loop = Loop(cfg, env, events, hooks, built, log)
     for fn in hooks.on_ready:
         fn()
-    events.emit("train_start", step=loop.step, iteration=hooks.iteration)
+    events.emit("train_start", step=loop.step, iteration=hooks.iteration,
+                max_steps=cfg.max_steps, tokens_per_step=loop.tokens_per_step)
     loop.train()
     summary = hooks.phase("final", loop.finish, cfg.checkpoint_timeout + cfg.startup_timeout,
                           env.device)
@@ -265,6 +266,12 @@ class Loop:
                                      cfg.output_dir / "profile" if cfg.output_dir else None,
                                      env.rank, env.device)
         self.window = Window(time.perf_counter())
+        if hooks.process.telemetry is None:
+            from trainer.telemetry.report import Telemetry
+
+            hooks.process.telemetry = Telemetry(cfg, env)
+        self.telemetry = hooks.process.telemetry
+        self.telemetry.begin(self.step)
 
     def _resume(self, meta: dict) -> None:
         cfg = self.cfg
@@ -299,7 +306,8 @@ class Loop:
             if self.tiers.saves_durably(self.step):  # only verified steps reach the durable tier
                 for pending in self.readback.wait_all():
                     self.verify(pending)
-            rec.stall = self.tiers.after_step(self.step, self.model, self.optimizer, self.meta)
+            rec.stall, rec.snapshot_s = self.tiers.after_step(self.step, self.model,
+                                                              self.optimizer, self.meta)
             for done in self.readback.ready():  # on a GPU: the previous step, while this one runs
                 self.report(done)
         for done in self.readback.ready(in_flight=0):
@@ -333,13 +341,15 @@ class Loop:
                              signalled=termination.requested())
         self.perf.add(rec.dt)
         if self.env.rank == 0:
-            self.events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall, loss=rec.loss,
-                             grad_norm=rec.grad_norm, done=rec.done)
+            self.events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall,
+                             snapshot_s=rec.snapshot_s, loss=rec.loss, grad_norm=rec.grad_norm,
+                             done=rec.done)
         if self.cfg.trace_samples:
             self.events.emit("samples", step=rec.step, indices=rec.indices)
         self.window.add(rec)
         if rec.step % self.cfg.log_interval == 0 or rec.step == self.cfg.max_steps:
-            self.log(self.window.line(rec.step, self.cfg.max_steps, self.perf))
+            figures = self.window.figures(rec.step, self.cfg.max_steps, self.perf, self.env.device)
+            self.telemetry.report(figures, self.log)
             self.window.reset(time.perf_counter())
 
     def meta(self, at_step: int) -> dict:

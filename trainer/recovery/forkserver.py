@@ -31,7 +31,8 @@ PRELOAD = (
     "trainer.loop.parallel", "trainer.loop.data", "trainer.durable.manager",
     "trainer.buffers", "trainer.snapshots", "trainer.recovery.heartbeat",
     "trainer.recovery.failfast", "trainer.recovery.inprocess", "trainer.faults.inject",
-    "trainer.accounting.goodput",
+    "trainer.accounting.goodput", "trainer.telemetry.report", "trainer.telemetry.live",
+    "trainer.telemetry.tensorboard", "torch.utils.tensorboard",
     "transformers.models.llama.modeling_llama",
     "nvidia_resiliency_ext.fault_tolerance.launcher",  # the worker function's own module
     "torch.distributed.checkpoint",

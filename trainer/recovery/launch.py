@@ -6,6 +6,8 @@ local runner, so the cluster and a laptop start workers the same way.
 Ports from --master_port P follow `config.contract` (P the launcher's rendezvous store, P+1 the
 in-process wrapper's store, P+2 the in-process application store); so does the environment of
 the workers (`contract.process_env`), which a pod's manifest sets and this launcher completes.
+This process also serves the node's Prometheus `/metrics` (--metrics_port,
+`trainer.telemetry.exporter`): it outlives every restart of the workers.
 
 Rendezvous: node rank 0 hosts the store (`is_host`), never decided from a DNS answer that may be
 stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
@@ -34,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from config.contract import (DEFAULT_MASTER_PORT, EVENTS_DIR_ENV, FINAL_ERROR_ENV,
-                             INPROCESS_PORT_ENV, LAUNCHER_ID_ENV, NODE_RANK_ENV,
-                             TERMINATION_GRACE_FLOOR_S, RecoveryMode, process_env,
+from config.contract import (DEFAULT_MASTER_PORT, EVENTS_DIR_ENV, FIGURES_FILE_ENV,
+                             FINAL_ERROR_ENV, INPROCESS_PORT_ENV, LAUNCHER_ID_ENV, METRICS_PORT,
+                             NODE_RANK_ENV, TERMINATION_GRACE_FLOOR_S, RecoveryMode, process_env,
                              wrapper_store_port)
 from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
@@ -58,6 +60,7 @@ class LaunchSpec:
     monitor_interval: float = 0.3
     rdzv_id: str = "nvrx-eks"
     rdzv_join_timeout: float = 600.0
+    metrics_port: int = METRICS_PORT  # 0: no /metrics
 
 
 def rdzv_conf(spec: LaunchSpec) -> str:
@@ -145,12 +148,16 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     p.add_argument("--rdzv_join_timeout", type=float, default=LaunchSpec.rdzv_join_timeout,
                    help="seconds a node waits for the others at rendezvous; must outlast a node "
                         "replacement (detection, eviction, boot, image pull)")
+    p.add_argument("--metrics_port", type=int, default=LaunchSpec.metrics_port,
+                   help="serve this node's Prometheus /metrics on this port (0: off)")
     a = p.parse_args(argv)
     for name in ("nnodes", "nproc_per_node"):
         if getattr(a, name) < 1:
             p.error(f"--{name} {getattr(a, name)} must be at least 1")
     if a.rdzv_join_timeout <= 0:
         p.error(f"--rdzv_join_timeout {a.rdzv_join_timeout:g} must be positive")
+    if not 0 <= a.metrics_port < 65536:
+        p.error(f"--metrics_port {a.metrics_port} must be a port number, 0 to 65535 (0: off)")
     if not 0 <= a.node_rank < a.nnodes:
         p.error(f"--node_rank {a.node_rank} must be in [0, {a.nnodes})")
     if "--mode" in trainer_args:
@@ -179,7 +186,17 @@ def check(spec: LaunchSpec, cfg) -> None:
         sys.exit(2)
 
 
-def supervise(cmd: list[str], env: dict,
+def serve_metrics(port: int, workdir: Path, env: dict, addr: str = "0.0.0.0") -> None:
+    """Serve this node's `/metrics` from this process, which outlives every worker restart;
+    the workers publish their figures to a file in `workdir`, named in their `env`."""
+    from trainer.telemetry.exporter import serve
+
+    figures = workdir / "figures.json"
+    env[FIGURES_FILE_ENV] = str(figures)
+    serve(port, figures, addr)
+
+
+def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
               grace_s: float = float(TERMINATION_GRACE_FLOOR_S)) -> int:
     """Run the launcher; end it as soon as a rank records an error that no restart can fix.
 
@@ -194,7 +211,7 @@ def supervise(cmd: list[str], env: dict,
     `grace_s` and exits 143 (`stop_on_sigterm`). SIGINT goes to the launcher, which tears them
     down at once.
     """
-    final = Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-")) / "final-error"
+    final = (workdir or Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))) / "final-error"
     become_subreaper()
     proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)},
                             preexec_fn=child_dies_with_me())
@@ -330,8 +347,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args([*trainer_args, "--mode", spec.mode], sample_data=True)
     check(spec, cfg)  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
+    env, workdir = launch_env(spec, cfg), Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))
+    if spec.metrics_port:
+        try:
+            serve_metrics(spec.metrics_port, workdir, env)
+        except OSError as exc:
+            print(f"python -m trainer.recovery.launch: error: --metrics_port {spec.metrics_port}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 2
     print("launch:", " ".join(cmd), flush=True)
-    return supervise(cmd, launch_env(spec, cfg), cfg.termination_grace)
+    return supervise(cmd, env, workdir, cfg.termination_grace)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Speed options and the arithmetic around them: flags, FLOPs, weight decay groups, and per-layer
 activation checkpointing and compilation on a real (one-rank, gloo) FSDP2 model."""
 
+import re
 import subprocess
 import sys
 
@@ -109,7 +110,13 @@ def test_step_figures_and_the_log_line_on_cpu():
         assert [r.step for r in done] == [step] and done[0].dt >= 0.0
         window.add(done[0])
     assert not waited  # no device events to poll on a CPU
-    line = window.line(2, 10, Throughput(100, None, 256, 2))
+    cpu = torch.device("cpu")
+    figures = window.figures(2, 10, Throughput(100, None, 256, 2), cpu)
+    line = figures.line()
+    assert figures.loss == 2.5 and figures.steps == 2 and figures.mfu_pct is None
     assert "loss 2.5000" in line and "grad norm 1.000" in line and "lr 2.00e-03" in line
     assert "tok/s" in line and "with stalls" in line and "MFU" not in line
-    assert "MFU" in window.line(2, 10, Throughput(100, 1e12, 256, 2))
+    # a timestamp first; no device memory on a CPU
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ step      2/10 \|", line), line
+    assert "mem" not in line and figures.memory_gib is None
+    assert "MFU" in window.figures(2, 10, Throughput(100, 1e12, 256, 2), cpu).line()
