@@ -11,7 +11,7 @@ CDK := .cache/cdk/node_modules/.bin/cdk
 # constraints-checkov.txt.
 CHECKOV := .cache/checkov/bin/checkov
 # A real Prometheus server scrapes a training run in the tests (tests/trainer/telemetry).
-PROMETHEUS := /usr/bin/prometheus
+PROMETHEUS := .cache/prometheus/bin/prometheus
 PROFILE ?= p5
 MODE ?=
 OUTPUTS ?= cdk-outputs.json
@@ -36,13 +36,17 @@ $(CHECKOV): constraints-checkov.txt
 	.cache/checkov/bin/pip install -q -c constraints-checkov.txt checkov
 	touch $@
 
-# Debian's package, where it is missing and this machine may install it (root with apt-get);
-# its service is not needed: the test starts its own server on a loopback port.
+# Debian's package unpacked under .cache (no root needed, no service started: the test runs
+# its own server on a loopback port); a prometheus already on PATH is used as it is.
 $(PROMETHEUS):
-	@if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-		echo "prometheus is missing: install Debian's prometheus package (apt-get install prometheus)" >&2; exit 1; fi
-	apt-get install -y -q --no-install-recommends prometheus >/dev/null || \
-		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
+	@mkdir -p $(dir $@)
+	@if command -v prometheus >/dev/null; then ln -sf "$$(command -v prometheus)" $@; else \
+		cd .cache/prometheus && rm -f prometheus_*.deb && \
+		{ apt-get download -q prometheus 2>/dev/null || \
+		  { [ "$$(id -u)" = 0 ] && apt-get update -q >/dev/null && apt-get download -q prometheus; }; } && \
+		dpkg-deb -x prometheus_*.deb root && rm -f prometheus_*.deb && ln -sf ../root/usr/bin/prometheus bin/prometheus; \
+	fi
+	@$@ --version 2>&1 | head -1
 
 demo: $(VENV)/.installed
 	$(PY) -m devtools.demo

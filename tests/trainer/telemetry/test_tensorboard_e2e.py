@@ -5,7 +5,7 @@ again (a new process, a new writer) and across an in-process restart (the same p
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
-from tests.jobs import FAST_RECOVERY, events, faults, ok, results, run_local
+from tests.jobs import events, faults, ok, recovery_flags, results, run_local
 
 STEPS = 16
 
@@ -23,11 +23,13 @@ def _surviving_losses(run_dir) -> dict[int, float]:
 
 @pytest.mark.parametrize("mode, extra", [
     ("baseline", ["--checkpoint_interval", "4"]),  # the Job restarts: steps after 4k are trained again
-    ("inprocess", ["--tiers", "memory", "--snapshot_interval", "1", *FAST_RECOVERY]),
+    ("inprocess", ["--tiers", "memory", "--snapshot_interval", "1"]),
 ])
 def test_a_restarted_run_continues_its_curves_with_one_point_per_step(cache_dir, tmp_path,
                                                                       mode, extra):
     run_dir = tmp_path / mode
+    if mode == "inprocess":
+        extra = [*extra, *recovery_flags(cache_dir)]
     ok(run_local(cache_dir, mode, run_dir, "--max_steps", str(STEPS), "--log_interval", "1",
                  *extra, *faults("exception", steps=STEPS, after=5)))
     res = results(run_dir)
