@@ -12,6 +12,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from config import fsx
 from config.contract import MODE_NAMES, PRIVATE_SUBNET_PREFIX, RecoveryMode
 from config.errors import ProfileError
 from config.instances import InstanceSpec, instance_spec
@@ -128,18 +129,34 @@ class ClusterSettings(_Strict):
 
 
 class StorageSettings(_Strict):
-    fsx_capacity_gib: int = 1200
+    """The FSx for Lustre file system (`config.fsx`): SCRATCH_2, or PERSISTENT_2 with a throughput
+    tier; `nvrx-eks plan` says which one keeps up with the checkpoints."""
+
+    deployment_type: fsx.DeploymentType = "SCRATCH_2"
+    throughput_mb_s_per_tib: Optional[int] = None  # PERSISTENT_2: 125, 250, 500 or 1000
+    fsx_capacity_gib: int = fsx.SMALLEST_GIB
     fsx_import_path: Optional[str] = None
     mount_path: str = "/fsx"
 
     @field_validator("fsx_capacity_gib")
     @classmethod
-    def _scratch2_size(cls, v: int) -> int:
-        if v != 1200 and (v <= 0 or v % 2400 != 0):
+    def _size(cls, v: int) -> int:
+        return fsx.check_capacity(v)
+
+    @model_validator(mode="after")
+    def _tier(self) -> "StorageSettings":
+        fsx.check_throughput(self.deployment_type, self.throughput_mb_s_per_tib)
+        if self.fsx_import_path is not None and self.deployment_type != "SCRATCH_2":
             raise ValueError(
-                f"fsx_capacity_gib {v} is not a valid SCRATCH_2 size; use 1200 or a multiple of 2400"
+                f"fsx_import_path needs deployment_type SCRATCH_2: {self.deployment_type} links S3 "
+                "through a data repository association, which the stack does not create"
             )
-        return v
+        return self
+
+    @property
+    def file_system(self) -> fsx.FileSystem:
+        return fsx.FileSystem(self.deployment_type, self.fsx_capacity_gib,
+                              self.throughput_mb_s_per_tib)
 
 
 class RecoverySettings(_Strict):

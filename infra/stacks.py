@@ -154,7 +154,7 @@ class ClusterStack(cdk.Stack):
                 cluster=cluster,
                 vpc=network.vpc,
                 subnet=network.gpu_subnet,
-                capacity_gib=profile.storage.fsx_capacity_gib,
+                file_system=profile.storage.file_system,
                 import_path=profile.storage.fsx_import_path,
                 namespace=profile.namespace,
                 namespace_manifest=self.eks.namespace,

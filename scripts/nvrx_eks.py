@@ -12,7 +12,7 @@ exact kubectl commands (and, for `synth`, the manifests) without touching a clus
     nvrx-eks export --profile p5 --run-id <id> --format hf   # to Hugging Face, on FSx
     nvrx-eks stop --profile p5 --run-id <id>
     nvrx-eks lost-node --profile p5 --node <node> # force-delete the pods of a dead node
-    nvrx-eks plan --profile p5 --nodes 16       # checkpoint sizes, write times, host memory
+    nvrx-eks plan --profile p5 --nodes 2,16,128,1024 --step-seconds 1   # capacity at scale
     nvrx-eks cleanup --profile p5               # before `cdk destroy`
 """
 
@@ -408,18 +408,30 @@ def cmd_lost_node(s: Session) -> int:
     return 0
 
 
+def node_counts(text: "str | None") -> list[int]:
+    """`--nodes 16` or `--nodes 2,16,128,1024`; none: the profile's node count."""
+    if text is None:
+        return []
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise WrapperError(f"--nodes {text!r} must be node counts, e.g. 16 or 2,16,128,1024") from None
+    for n in counts:
+        if n < 1:
+            raise WrapperError(f"--nodes {n} must be at least 1")
+    return counts
+
+
 def cmd_plan(s: Session) -> int:
-    nodes = s.args.nodes
-    if nodes is not None and nodes < 1:
-        raise WrapperError(f"--nodes {nodes} must be at least 1")
+    nodes = node_counts(s.args.nodes)
     step = s.args.step_seconds
     if step is not None and step <= 0:
         raise WrapperError(f"--step-seconds {step:g} must be positive")
     try:
-        the_plan = planning.make_plan(s.profile, nodes)
+        the_plan = planning.make_plan(s.profile, nodes, step)
     except ValueError as exc:
         raise WrapperError(f"profile {s.profile.name!r}: {exc}") from None
-    lines, warnings = planning.report(the_plan, step)
+    lines, warnings = planning.report(the_plan, s.profile.name)
     for line in lines:
         s.kubectl.show(line)
     for warning in warnings:
@@ -481,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
         "export": "export a run's checkpoint as a Hugging Face directory or a PyTorch DCP, on FSx",
         "stop": "delete one run's Job and its pods; FSx data stays",
         "lost-node": "force-delete our pods on a node that is gone, so their Jobs replace them",
-        "plan": "checkpoint bytes, FSx write time and host memory for the profile's model",
+        "plan": "per node count: checkpoint sizes, host memory, FSx bandwidth and metadata, storage, recovery times",
         "cleanup": "delete every object of ours, FSx-mounting pods first",
     }
     for name, text in helps.items():
@@ -508,8 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "lost-node":
             cmd.add_argument("--node", required=True, help="the node's name (kubectl get nodes)")
         if name == "plan":
-            cmd.add_argument("--nodes", type=int, help="node count (default: the profile's)")
-            cmd.add_argument("--step-seconds", type=float, help="expected step time, to check the durable tier")
+            cmd.add_argument("--nodes", help="node counts, e.g. 16 or 2,16,128,1024 (default: the profile's)")
+            cmd.add_argument("--step-seconds", type=float,
+                             help="expected step time: the write bandwidth FSx must sustain")
     return parser
 
 

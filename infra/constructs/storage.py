@@ -1,4 +1,5 @@
-"""FSx for Lustre SCRATCH_2 next to the GPU nodes, its CSI driver, and the static PV/PVC."""
+"""FSx for Lustre (SCRATCH_2 or PERSISTENT_2) next to the GPU nodes, its CSI driver, and the static
+PV/PVC."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_iam as iam
 from constructs import Construct, IDependable
 
+from config.fsx import FileSystem
 from infra import constants as c
 from infra.constructs.cluster import pod_identity_role
+from infra.constructs.keys import rotating_key
 from infra.errors import DeploymentError
 from infra.nag import acknowledge
 
@@ -23,7 +26,7 @@ class StorageProps:
     cluster: eks.Cluster
     vpc: ec2.IVpc
     subnet: ec2.ISubnet  # the GPU nodes' subnet: checkpoint traffic stays in one AZ
-    capacity_gib: int
+    file_system: FileSystem
     import_path: Optional[str]
     namespace: str
     namespace_manifest: IDependable
@@ -79,10 +82,19 @@ def persistent_volume_claim(
 class Storage(Construct):
     """Shared checkpoint and data storage.
 
-    SCRATCH_2 is encrypted at rest with an FSx-managed key (always on, not configurable) and in
-    transit between supported instances; it has no replication and no backups, so deleting it
-    (`cdk destroy`) deletes the data. LZ4 compression is on. The security group admits Lustre
-    (988, 1018-1023) only from itself and the cluster security group that every node carries.
+    Both deployment types are encrypted in transit between supported instances and keep LZ4
+    compression on. SCRATCH_2 is encrypted at rest with an FSx-managed key (always on, not
+    configurable) and has no replication and no backups. PERSISTENT_2 replicates its disks within
+    the AZ and replaces failed servers; it is encrypted at rest with a customer-managed, rotating
+    KMS key of its own, and created with a metadata configuration in Automatic mode, so its
+    Metadata IOPS grow with its capacity and can be raised later (only a file system created with
+    one can). Its automatic daily backups are off: FSx deletes them with the file system, so they
+    would not outlive `cdk destroy`, and the checkpoints they would copy change at every
+    checkpoint interval; a user-initiated backup (`aws fsx create-backup`) outlives the stack.
+    Either type is deleted by `cdk destroy` with everything on it: a retained file system would
+    go on billing, and its network interfaces would keep the stack's subnet and security group
+    from being deleted. The security group admits Lustre (988, 1018-1023) only from itself and
+    the cluster security group that every node carries.
 
     The PV and PVC are created through the cluster's kubectl handler and depend on the file
     system, so `cdk destroy` deletes them (and waits) before it deletes the file system.
@@ -122,6 +134,7 @@ class Storage(Construct):
             raise DeploymentError(
                 f"fsx_import_path {props.import_path!r} must be an s3://bucket[/prefix] URI"
             )
+        spec = props.file_system
         # The L1 resource: the L2 LustreFileSystem adds its own 988-1023 rule to the group.
         # Lustre 2.15 is supported by every deployment type and recommended for new file systems
         # (FSx API, CreateFileSystem FileSystemTypeVersion); the AL2023 client is 2.15.
@@ -130,13 +143,25 @@ class Storage(Construct):
             "FileSystem",
             file_system_type="LUSTRE",
             file_system_type_version="2.15",
-            storage_capacity=props.capacity_gib,
+            storage_capacity=spec.capacity_gib,
             subnet_ids=[props.subnet.subnet_id],
             security_group_ids=[self.security_group.security_group_id],
+            kms_key_id=(
+                rotating_key(self, "Key", "FSx for Lustre checkpoints and data").key_id
+                if spec.persistent
+                else None
+            ),
             lustre_configuration=fsx.CfnFileSystem.LustreConfigurationProperty(
-                deployment_type="SCRATCH_2",
+                deployment_type=spec.deployment_type,
+                per_unit_storage_throughput=spec.throughput_mb_s_per_tib,
                 data_compression_type="LZ4",
                 import_path=props.import_path,
+                metadata_configuration=(
+                    fsx.CfnFileSystem.MetadataConfigurationProperty(mode="AUTOMATIC")
+                    if spec.persistent
+                    else None
+                ),
+                automatic_backup_retention_days=0 if spec.persistent else None,
             ),
         )
         self.file_system.apply_removal_policy(cdk.RemovalPolicy.DESTROY)
@@ -170,7 +195,7 @@ class Storage(Construct):
             manifest=[
                 persistent_volume(
                     name=self.pv_name,
-                    capacity_gib=props.capacity_gib,
+                    capacity_gib=spec.capacity_gib,
                     file_system_id=self.file_system.ref,
                     dns_name=self.file_system.attr_dns_name,
                     mount_name=self.file_system.attr_lustre_mount_name,
@@ -179,7 +204,7 @@ class Storage(Construct):
                     name=self.pvc_name,
                     namespace=props.namespace,
                     volume_name=self.pv_name,
-                    capacity_gib=props.capacity_gib,
+                    capacity_gib=spec.capacity_gib,
                 ),
             ],
         )

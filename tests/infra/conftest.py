@@ -190,6 +190,21 @@ VARIANTS: dict[str, Callable[[], tuple[Profile, dict[str, Any]]]] = {
     ),
     # An existing VPC by id, with its lookup answer cached as after a first `cdk synth`.
     "p4de-existing-vpc": lambda: _existing_vpc_variant(),
+    # The storage `nvrx-eks plan` recommends when SCRATCH_2 cannot keep up.
+    "p5-persistent": lambda: (
+        profile_from_dict(
+            raw_profile("p5")
+            | {
+                "name": "p5p2",
+                "storage": {
+                    "deployment_type": "PERSISTENT_2",
+                    "throughput_mb_s_per_tib": 500,
+                    "fsx_capacity_gib": 4800,
+                },
+            }
+        ),
+        {},
+    ),
 }
 
 

@@ -39,7 +39,31 @@ BAD_PROFILES = {
     ),
     "bad-fsx-size": (
         p5(storage__fsx_capacity_gib=3000),
-        "fsx_capacity_gib 3000 is not a valid SCRATCH_2 size",
+        "fsx_capacity_gib 3000 is not a valid FSx for Lustre SSD size",
+    ),
+    "unknown-fsx-deployment-type": (
+        p5(storage__deployment_type="PERSISTENT_1"),
+        "storage.deployment_type: Input should be 'SCRATCH_2' or 'PERSISTENT_2'",
+    ),
+    "persistent-2-without-a-tier": (
+        p5(storage__deployment_type="PERSISTENT_2"),
+        "storage: throughput_mb_s_per_tib is required with deployment_type PERSISTENT_2; "
+        "use one of 125, 250, 500, 1000",
+    ),
+    "persistent-2-tier-unknown": (
+        p5(storage__deployment_type="PERSISTENT_2", storage__throughput_mb_s_per_tib=200),
+        "storage: throughput_mb_s_per_tib 200 is not a tier with deployment_type PERSISTENT_2; "
+        "use one of 125, 250, 500, 1000",
+    ),
+    "scratch-2-with-a-tier": (
+        p5(storage__throughput_mb_s_per_tib=250),
+        "storage: throughput_mb_s_per_tib 250 needs deployment_type PERSISTENT_2 (tiers 125, 250, "
+        "500, 1000); SCRATCH_2 has a fixed throughput",
+    ),
+    "persistent-2-with-an-import-path": (
+        p5(storage__deployment_type="PERSISTENT_2", storage__throughput_mb_s_per_tib=250,
+           storage__fsx_import_path="s3://bucket/data"),
+        "storage: fsx_import_path needs deployment_type SCRATCH_2",
     ),
     "node-count-below-1": (
         p5(node_count=0),

@@ -348,13 +348,49 @@ def test_fsx_scratch2_in_the_gpu_subnet(synth, variant):
     props = fs["Properties"]
     assert props["FileSystemType"] == "LUSTRE" and props["FileSystemTypeVersion"] == "2.15"
     assert props["StorageCapacity"] == s.profile.storage.fsx_capacity_gib
-    lustre = props["LustreConfiguration"]
-    assert lustre["DeploymentType"] == "SCRATCH_2"
-    assert lustre["DataCompressionType"] == "LZ4"
-    # SCRATCH_2 is always encrypted at rest with an FSx-managed key; it takes no KmsKeyId.
+    # SCRATCH_2 has one throughput, no metadata configuration and no backups; it is always
+    # encrypted at rest with an FSx-managed key and takes no KmsKeyId.
+    assert props["LustreConfiguration"] == {"DeploymentType": "SCRATCH_2", "DataCompressionType": "LZ4"}
     assert "KmsKeyId" not in props
     assert props["SubnetIds"] == gpu_asg(s)["VPCZoneIdentifier"]
     assert fs["DeletionPolicy"] == "Delete"
+
+
+def test_fsx_persistent2_has_the_profiles_tier_a_key_of_its_own_and_no_backups(synth):
+    s = synth("p5-persistent")
+    storage = s.profile.storage
+    assert (storage.deployment_type, storage.throughput_mb_s_per_tib) == ("PERSISTENT_2", 500)
+    template = s.template("cluster")
+    template.resource_count_is("AWS::FSx::FileSystem", 1)
+    template.has_resource(
+        "AWS::FSx::FileSystem",
+        {
+            # `cdk destroy` deletes it, as it deletes SCRATCH_2: nothing is left billing.
+            "DeletionPolicy": "Delete",
+            "UpdateReplacePolicy": "Delete",
+            "Properties": Match.object_like(
+                {
+                    "FileSystemTypeVersion": "2.15",  # what a metadata configuration needs
+                    "StorageCapacity": 4800,
+                    "KmsKeyId": {"Ref": Match.string_like_regexp("^StorageKey")},
+                    "LustreConfiguration": Match.object_equals(
+                        {
+                            "DeploymentType": "PERSISTENT_2",
+                            "PerUnitStorageThroughput": 500,
+                            "DataCompressionType": "LZ4",
+                            "MetadataConfiguration": {"Mode": "AUTOMATIC"},
+                            "AutomaticBackupRetentionDays": 0,
+                        }
+                    ),
+                }
+            ),
+        },
+    )
+    _, fs = s.one("cluster", "AWS::FSx::FileSystem")
+    key = s.templates["cluster"]["Resources"][fs["Properties"]["KmsKeyId"]["Ref"]]
+    assert key["Type"] == "AWS::KMS::Key" and key["Properties"]["EnableKeyRotation"] is True
+    assert key["DeletionPolicy"] == "Delete" and key["Properties"]["PendingWindowInDays"] == 7
+    assert fs["Properties"]["SubnetIds"] == gpu_asg(s)["VPCZoneIdentifier"]
 
 
 @pytest.mark.parametrize("variant", PROFILES)

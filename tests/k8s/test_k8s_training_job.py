@@ -235,5 +235,5 @@ def test_the_grace_period_holds_a_checkpoint_write_and_the_trainer_is_given_it(s
     grace = synthesis.pod_spec["terminationGracePeriodSeconds"]
     plan = make_plan(synthesis.dep.profile)
     assert grace == plan.termination_grace_seconds >= TERMINATION_GRACE_FLOOR_S
-    assert grace > plan.write_seconds
+    assert grace > plan.write_seconds(plan.current)
     assert synthesis.args_value("--termination_grace") == str(grace)

@@ -1,4 +1,4 @@
-"""Wrapper input checks, the data-prep wait, stop, lost-node and plan.
+"""Wrapper input checks, the data-prep wait, stop and lost-node (plan: test_plan.py).
 
 Bad input is one line on stderr and exit 2 before kubectl runs; real-mode commands run against
 the fake kubectl of conftest, whose argv log shows exactly what reached kubectl.
@@ -6,14 +6,10 @@ the fake kubectl of conftest, whose argv log shows exactly what reached kubectl.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 
-from config import load_profile
-from config.contract import TERMINATION_GRACE_FLOOR_S
-from scripts import plan as planning
 from scripts.nvrx_eks import JOB_STATE, job_state, main
 
 BAD_RUN_IDS = ("../x", "x --all", "x,nvrx-eks/run-id=y", "X", "-x", "a b")
@@ -97,47 +93,3 @@ def test_lost_node_force_deletes_only_our_pods_on_that_node(fake_kubectl, output
 def test_lost_node_refuses_bad_names(node, fake_kubectl, outputs: Path, capsys) -> None:
     assert main(["lost-node", "--profile", "p5", "--outputs", str(outputs), "--node", node]) == 2
     assert "is not a Kubernetes node name" in capsys.readouterr().err
-
-
-def test_plan_arithmetic_by_hand() -> None:
-    """llama3.1-8b on 2 p5 (16 ranks), FSx 1200 GiB, checkpoint every 500 steps."""
-    profile = load_profile("p5")
-    plan = planning.make_plan(profile)
-    params = 8_030_261_248  # Llama 3.1 8B: 2 x 128256 x 4096 embeddings + 32 layers + final norm
-    assert plan.parameters == params
-    assert plan.checkpoint_bytes_total == params * 12
-    assert plan.checkpoint_bytes_per_rank == params * 12 // 16
-    assert plan.fsx_throughput_mb_s == pytest.approx(1200 / 1024 * 200)  # 234.4 MB/s
-    assert plan.write_seconds == pytest.approx(params * 12 / 234.375e6)  # about 411 s
-    assert plan.min_step_seconds() == pytest.approx(plan.write_seconds / 500)
-    # on SIGTERM: the write with a quarter more, 60 s for the rest of the stop
-    assert plan.termination_grace_seconds == math.ceil(plan.write_seconds * 1.25 + 60)  # 574 s
-    # Tiers memory,node,peer on 2 nodes with durable checkpoints: 2 alternating own slots, one
-    # kept for the peer, one read by the durable writer, and 2 replica slots; no staging buffer.
-    assert plan.snapshot_bytes_per_rank == 6 * plan.checkpoint_bytes_per_rank
-    assert plan.host_bytes_per_node == 8 * 6 * plan.checkpoint_bytes_per_rank
-
-
-def test_a_small_checkpoints_grace_period_is_the_floor() -> None:
-    assert planning.termination_grace_seconds(5.0) == TERMINATION_GRACE_FLOOR_S
-    assert planning.termination_grace_seconds(1000.0) == 1310
-
-
-def test_plan_scales_with_nodes() -> None:
-    plan = planning.make_plan(load_profile("p5"), nodes=16)
-    assert plan.ranks == 128
-    assert plan.checkpoint_bytes_per_rank == -(-plan.parameters * 12 // 128)
-
-
-def test_plan_warns_when_the_durable_tier_cannot_keep_up(outputs: Path, capsys) -> None:
-    # 411 s per checkpoint against 500 steps of 0.5 s (250 s): the published system's case.
-    assert main(["plan", "--profile", "p5", "--step-seconds", "0.5"]) == 0
-    out = capsys.readouterr().out
-    assert "warning: the durable tier cannot keep up: a checkpoint takes 411 s" in out
-    assert main(["plan", "--profile", "p5", "--step-seconds", "1"]) == 0
-    assert "warning" not in capsys.readouterr().out
-
-
-def test_plan_refuses_bad_node_counts(capsys) -> None:
-    assert main(["plan", "--profile", "p5", "--nodes", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "nvrx-eks: error: --nodes 0 must be at least 1"
