@@ -153,7 +153,7 @@ class _Failure:
     evidence: dict = field(default_factory=dict)  # (layer, how) -> _Evidence
     deaths: dict = field(default_factory=dict)  # rank -> (exit code, signal name) of its process
     left: set = field(default_factory=set)  # ranks that left because a peer failed
-    named: dict = field(default_factory=dict)  # ranks named by a layer, in the order named
+    named: dict = field(default_factory=dict)  # rank -> (t, how) a layer first named it
     restarts: list = field(default_factory=list)
     phases: dict = field(default_factory=dict)
     tiers: set = field(default_factory=set)  # of the loads since the last restart
@@ -192,7 +192,7 @@ class _Failure:
         ev = self.evidence.setdefault((layer, how), _Evidence(t, layer, how))
         if isinstance(rank, int):
             ev.ranks.add(rank)
-            self.named.setdefault(rank, how)
+            self.named.setdefault(rank, (t, how))
 
     def restart(self, layer: str) -> None:
         self.restarts.append(layer)
@@ -202,14 +202,20 @@ class _Failure:
         self.resumed = e
         self.done_before_resume = done_so_far
 
+    def _stopped_first(self, rank: int) -> bool:
+        """Whether a layer saw `rank` stop or die before it raised anything (a rank frozen past
+        its soft timeout, then killed by the watchdog, may log an error as it goes)."""
+        return rank in self.named and (rank not in self.errors or
+                                       self.named[rank][0] <= self.errors[rank][0])
+
     def _failed(self) -> list[int]:
         """The ranks the evidence names as failed, the likeliest cause first: those a layer saw
-        stop or die, in the order seen (NVRx records interruptions in the order they came);
-        then those that raised, in order (a peer's exception, a collective's timeout or a lost
-        connection, is what usually follows a rank's death or hang). A rank that left because a
-        peer failed did not fail."""
-        raised = sorted(self.errors, key=lambda r: self.errors[r])
-        stopped = [r for r in self.named if r not in self.errors]
+        stop or die before they raised, in the order seen (NVRx records interruptions in the
+        order they came); then those that raised, in order (a peer's exception, a collective's
+        timeout or a lost connection, is what usually follows a rank's death or hang). A rank
+        that left because a peer failed did not fail."""
+        stopped = [r for r in self.named if self._stopped_first(r)]
+        raised = sorted((r for r in self.errors if r not in stopped), key=lambda r: self.errors[r])
         return [r for r in stopped + raised if r not in self.left]
 
     def _failure_time(self, rank: Optional[int]) -> tuple[float, str]:
@@ -237,7 +243,7 @@ class _Failure:
         rank = inj["rank"] if inj else (failed[0] if failed else None)
         t, source = self._failure_time(rank)
         naming = next((ev for ev in evidence if rank in ev.ranks), first)
-        if rank in self.errors:
+        if rank in self.errors and not self._stopped_first(rank):
             how = Detection.EXCEPTION
         elif naming is not None:
             how = naming.how

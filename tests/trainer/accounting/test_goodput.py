@@ -75,13 +75,17 @@ def _resume(t, step, tier="node", launcher="A", restart=1, last=12):
     return ev + [_ev(t + 1.0 + last - step + 0.5, "train_end")]
 
 
-def test_a_frozen_rank_is_one_failure_from_its_last_sign_of_life():
+@pytest.mark.parametrize("collective_first", [True, False])
+def test_a_frozen_rank_is_one_failure_from_its_last_sign_of_life(collective_first):
     """SIGSTOP on rank 1 under ft_launcher+inprocess: rank 0's collective times out (an error of
-    its own), the Wrapper sees rank 1's soft timeout, its watchdog kills rank 1, the launcher
-    restarts the group. One failure, dated by the last step every rank completed."""
+    its own, before or after the Wrapper's abort), the Wrapper sees rank 1's soft timeout, its
+    watchdog kills rank 1 and records why, the launcher restarts the group. One failure, dated
+    by the last step every rank completed, detected by the soft timeout."""
     ev = _run_until(5.0)
-    ev += [_ev(8.0, "error", type="RuntimeError", message="Timed out waiting 4000ms"),
+    ev += [_ev(8.0 if collective_first else 14.0, "error", type="RuntimeError",
+               message="Timed out waiting 4000ms"),
            _ev(8.1, "abort", iteration=0, interruptions=[[1, "soft_timeout"]]),
+           _ev(16.0, "error", 1, type="WatchdogTimeout", message="no progress within the hard timeout"),
            _ev(17.0, "workers_failed", -1, node=0, failures=[
                {"rank": 1, "local_rank": 1, "pid": 9, "exit_code": -15, "signal": "SIGTERM"}])]
     ev += _resume(18.0, 4)

@@ -7,8 +7,8 @@ import signal
 import pytest
 
 from devtools.local import EVERY_STEP_TIERS
-from tests.jobs import (INTERVAL, STEPS, events, first, ok, recovery_flags, results, runner_flags,
-                        start_local, wait_for)
+from tests.jobs import (INTERVAL, STEPS, events, first, ok, pace, recovery_flags, results,
+                        runner_flags, start_local, wait_for)
 
 
 def _job(cache_dir, mode, run_dir, *extra):
@@ -38,7 +38,9 @@ def test_a_frozen_rank_is_one_counted_failure(cache_dir, reference, tmp_path, re
     GPUs: what sees the frozen rank first is the Wrapper's watchdog, not the peer's timeout."""
     ref = reference()
     run_dir = tmp_path / "run"
-    job = _job(cache_dir, "ft_launcher+inprocess", run_dir, "--nccl_timeout", "10")
+    # between the soft (6 s) and the hard timeout (14 s), at this machine's pace
+    collective_s = pace(cache_dir).seconds(10)
+    job = _job(cache_dir, "ft_launcher+inprocess", run_dir, "--nccl_timeout", f"{collective_s:g}")
     pid = _rank1_after_step(run_dir, 4)
     os.kill(pid, signal.SIGSTOP)
     if resumed == "sigcont":
