@@ -276,11 +276,13 @@ def _progress(log_dir: Path, max_steps: int) -> str:
 
 
 def _cause(log_dir: Path) -> str:
-    """The error that ended the job, from the event log: the fatal ones first, else the last."""
+    """The error that ended the job, from the event log: the fatal ones first, else the
+    watchdog's kills (what a killed rank raises as it dies comes from the kill), else the last."""
     from trainer.accounting.events import read_events
 
     errors = [e for e in read_events(log_dir) if e["event"] == "error"]
-    chosen = [e for e in errors if e.get("fatal")] or errors[-1:]
+    chosen = ([e for e in errors if e.get("fatal")] or
+              [e for e in errors if e["type"] == "WatchdogTimeout"] or errors[-1:])
     seen: list[str] = []
     for e in chosen:
         line = f"rank {e['rank']}: {e['type']}: {e['message']}"
