@@ -36,10 +36,12 @@ from typing import Any, Callable, Iterator, Optional
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_WORLD = 8  # ranks per simulated node, as on a p5
 WIDE_ROWS = 32768  # every rank holds rows of the wide matrix up to N = 16384
-OPERATIONS = ("save", "commit", "resume", "resume_half", "agreement", "peer_exchange", "reentry")
+OPERATIONS = ("save", "commit", "commit_watch", "resume", "resume_half", "agreement",
+              "peer_exchange", "reentry")
 # What may grow with N, and why: rank 0's work once per checkpoint (it checks every rank's marker
 # and writes the manifest) and once per restore (it checks the manifests' shards).
 RANK0_PER_CHECKPOINT = {"commit", "resume", "resume_half"}
+RANK0_ONLY = {"commit_watch"}  # rank 0's look, every step, at a checkpoint still being written
 
 
 # --- counting -----------------------------------------------------------------------------------
@@ -111,6 +113,7 @@ def counting(tally: Tally, world: int, rank: int, oracle: dict) -> Iterator[None
     import torch
     import torch.distributed as dist
 
+    from trainer.durable import landing
     from trainer.snapshots import snapshotter
 
     sent: dict[tuple[int, int], torch.Tensor] = {}
@@ -168,7 +171,7 @@ def counting(tally: Tally, world: int, rank: int, oracle: dict) -> Iterator[None
 
     main = threading.current_thread()
     patches = [(dist, name, collective(name, moved[name])) for name in behaviour]
-    patches += [(snapshotter, "pg_store", lambda: store)]
+    patches += [(snapshotter, "pg_store", lambda: store), (landing, "pg_store", lambda: store)]
     patches += [(os, n, fs(key, getattr(os, n))) for n, key in
                 (("stat", "fs_stats"), ("lstat", "fs_stats"), ("open", "fs_opens"),
                  ("listdir", "fs_listings"), ("scandir", "fs_listings"))]
@@ -276,18 +279,67 @@ def op_save(work: Path, world: int, rank: int) -> dict:
     return tally.to_json()
 
 
+def _landed_elsewhere(world: int, rank: int, step: int, landed: int, committed: bool) -> dict:
+    """The store as the other ranks leave it: rank 0's attempt counter bumped (`Landings.join`),
+    `landed` writes counted (each adds 1 once its shard and marker are durable) and, where
+    `committed`, rank 0's commit key set."""
+    from trainer.durable.landing import ATTEMPTS_KEY
+
+    prefix = "nvrx-eks/durable/1"  # the first attempt's keys
+    data = {f"{prefix}/{step}/landed": str(landed).encode()}
+    if rank != 0:
+        data[ATTEMPTS_KEY] = b"1"
+    if committed:
+        data[f"{prefix}/{step}/committed"] = b"1"
+    return data
+
+
 def op_commit(work: Path, world: int, rank: int) -> dict:
-    """Rank 0 commits a checkpoint every rank has written: its work once per checkpoint."""
-    from trainer.durable.store import CheckpointStore
+    """A checkpoint every rank has written, from the moment the playing rank's write returned:
+    it says so in the store, then rank 0 (told by the counter) reads every marker once and
+    publishes, and any other rank waits for rank 0's key. Only rank 0's work grows with N,
+    once per checkpoint."""
+    from trainer.durable.landing import Landings
+    from trainer.durable.manager import Pending
 
     ckpt = work / "ckpt"
     save_shard(ckpt, world, 0, 10)
+    if rank != 0:
+        save_shard(ckpt, world, rank, 10)
     markers = mirror_markers(ckpt, world, 10)
+    mgr = manager(ckpt, world, rank)
     tally = Tally()
-    with counting(tally, world, 0, {}):
-        store = CheckpointStore(ckpt)
-        store.commit(10, store.ready_markers(10, world), {})
-    assert len(markers) == world
+    oracle = {"store": _landed_elsewhere(world, rank, 10, world - 1, committed=rank != 0)}
+    with counting(tally, world, rank, oracle):
+        landings = Landings.join(rank)
+        landings.add_landed(10)  # what its writer process does once its marker is durable
+        if rank == 0:
+            mgr._uncommitted.append(Pending(10, world, landings))  # as `save` queues it
+            mgr.poll()  # the counter is complete: the markers are read, the commit published
+            mgr.finish()  # waits for that publish
+        else:
+            mgr._await_committed(10, landings)  # as its next save does
+    assert len(markers) == world and (ckpt / "latest").is_file() == (rank == 0)
+    return tally.to_json()
+
+
+def op_commit_watch(work: Path, world: int, rank: int) -> dict:
+    """Rank 0's look, once per training step, at a checkpoint not every rank has written yet:
+    one counter in the store, none of the markers."""
+    from trainer.durable.landing import Landings
+    from trainer.durable.manager import Pending
+
+    ckpt = work / "ckpt"
+    save_shard(ckpt, world, 0, 10)
+    mgr = manager(ckpt, world, rank)
+    store = _landed_elsewhere(world, rank, 10, world - 2, committed=False)  # one still writes
+    tally = Tally()
+    with counting(tally, world, rank, {"store": store}):
+        landings = Landings.join(rank)
+        landings.add_landed(10)
+        mgr._uncommitted.append(Pending(10, world, landings))
+        mgr.poll()
+    assert mgr._uncommitted and not (ckpt / "latest").exists()
     return tally.to_json()
 
 
@@ -444,8 +496,8 @@ def playing_rank(op: str, world: int) -> int:
 
 def subjects(op: str) -> list[str]:
     """Whose counts an operation reports: a rank other than 0, and rank 0 where its work once per
-    checkpoint or restore is the point (only rank 0 commits)."""
-    if op == "commit":
+    checkpoint or restore is the point (only rank 0 publishes) or where only rank 0 does it."""
+    if op in RANK0_ONLY:
         return ["rank0"]
     return ["rank", "rank0"] if op in RANK0_PER_CHECKPOINT else ["rank"]
 

@@ -13,16 +13,32 @@ SMALL, LARGE = 32, 512
 CALLS = ("all_reduce_calls", "barrier_calls", "broadcast_calls", "broadcast_object_list_calls",
          "all_gather_object_calls", "isend_calls", "irecv_calls", "new_group_calls", "store_ops",
          "fs_stats", "fs_opens", "fs_listings", "p2p_peers")
+FLAT = [(op, who) for op in scale.OPERATIONS for who in scale.subjects(op)
+        if who == "rank" or op in scale.RANK0_ONLY]
 
 
-@pytest.mark.parametrize("op", [op for op in scale.OPERATIONS if op != "commit"])
-def test_a_rank_does_the_same_work_in_a_world_sixteen_times_larger(op):
-    small = scale.measure(op, SMALL, scale.playing_rank(op, SMALL))
-    large = scale.measure(op, LARGE, scale.playing_rank(op, LARGE))
+def _rank(op: str, who: str, world: int) -> int:
+    return 0 if who == "rank0" else scale.playing_rank(op, world)
+
+
+@pytest.mark.parametrize("op,who", FLAT, ids=[f"{op}-{who}" for op, who in FLAT])
+def test_a_rank_does_the_same_work_in_a_world_sixteen_times_larger(op, who):
+    small = scale.measure(op, SMALL, _rank(op, who, SMALL))
+    large = scale.measure(op, LARGE, _rank(op, who, LARGE))
     assert {k: large.get(k, 0) for k in CALLS} == {k: small.get(k, 0) for k in CALLS}
     # bytes: what a rank moves and reads may shrink as its shard does, never grow
     assert large["collective_bytes"] <= small["collective_bytes"] + 64
     assert large["bytes_read"] <= small["bytes_read"] * 1.05 + 4096
+
+
+def test_a_rank_waits_for_a_commit_through_the_store_not_the_file_system():
+    """The commit as a rank other than 0 sees it: its write counted, rank 0's key checked;
+    rank 0's look every step while a checkpoint is written: one counter, no marker."""
+    other = scale.measure("commit", LARGE, scale.playing_rank("commit", LARGE))
+    watch = scale.measure("commit_watch", LARGE, 0)
+    for counts in (other, watch):
+        assert counts.get("fs_stats", 0) == counts.get("fs_listings", 0) == 0, counts
+        assert counts["store_ops"] > 0, counts
 
 
 def test_only_rank_0_does_work_that_grows_with_the_world_and_once_per_checkpoint():
@@ -30,4 +46,4 @@ def test_only_rank_0_does_work_that_grows_with_the_world_and_once_per_checkpoint
     ratio = LARGE / SMALL
     for key in ("fs_stats", "fs_opens"):  # every rank's marker and shard, once
         assert ratio * 0.8 <= large[key] / small[key] <= ratio * 1.2, (key, small, large)
-    assert large.get("store_ops", 0) == small.get("store_ops", 0) == 0
+    assert large["store_ops"] == small["store_ops"] > 0  # the counter, the commit key

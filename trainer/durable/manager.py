@@ -2,8 +2,11 @@
 
 A save first copies the rank's shard into its host staging buffer (the only part that blocks
 training in async mode), then writes it: inline with torch.save (sync, the baseline) or in NVRx's
-persistent background worker (async). Rank 0 commits a checkpoint once every rank's marker is
-on storage; nothing here needs a collective except restore, where all ranks must agree.
+persistent background worker (async). Each rank's write, once its shard and marker are durable,
+adds to one counter in the process group's store; rank 0 watches that counter (one store
+operation per look), reads the N markers once it is complete, publishes the manifest and sets
+a key the other ranks wait on (`landing`). The markers stay the verified record; the store only
+says when to look. Nothing here needs a collective except restore, where all ranks must agree.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,14 +22,32 @@ import torch.distributed as dist
 from trainer.accounting.events import EventLog, utc_stamp
 from trainer.atomic import read_json, write_json_atomic
 from trainer.buffers import HostBuffer, Layout, host_copy_stream
+from trainer.durable.landing import Landings
 from trainer.durable.state import local_tensors, overlapping_ranks, restore, shard_layout
 from trainer.durable.store import (CheckpointError, CheckpointStore, SaveStats, ShardFile, ShardWrite,
-                                   MANIFEST, StorageError, error_file, step_dir_name,
-                                   write_shard)
+                                   StorageError, error_file, step_dir_name, write_shard)
 from trainer.recovery.phases import injected_delay
 
 MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
-COMMIT_POLL_S = 0.2  # rank 0's committer looks for landed checkpoints this often
+COMMIT_POLL_S = 0.2  # rank 0's committer looks at the landed counter this often
+
+
+class InFlight(NamedTuple):
+    """This rank's write in the background writer."""
+
+    step: int
+    since: float
+    buffer: str
+    landings: Landings  # the attempt that submitted it: its counter is the one to add to
+    signals: bool       # the writer adds to the counter itself (else the training thread)
+
+
+class Pending(NamedTuple):
+    """Rank 0: a checkpoint submitted and not yet committed."""
+
+    step: int
+    world_size: int
+    landings: Landings
 
 
 def staging_path(root: Path, rank: int) -> Path:
@@ -64,9 +85,11 @@ class CheckpointManager:
         self._buffer: Optional[HostBuffer] = None
         self._stream = host_copy_stream(device)
         self._writer = None
-        self._in_flight: Optional[tuple[int, float, str]] = None  # (step, submitted at, buffer)
-        self._landing: Optional[int] = None  # async: the step last written, until committed
-        self._uncommitted: list[int] = []  # rank 0: steps waiting for every rank's marker
+        self._in_flight: Optional[InFlight] = None
+        self._landing: Optional[tuple[int, Landings]] = None  # async: the last step written
+        self._landings: Optional[Landings] = None  # this attempt's keys, from its first save
+        self._uncommitted: list[Pending] = []  # rank 0: steps waiting for every rank's marker
+        self._found: dict[int, dict[int, dict]] = {}  # rank 0: the markers read, per step
         self._committing: Optional[threading.Thread] = None  # rank 0: a commit being published
         self._commit_error: Optional[Exception] = None
         self._commits = threading.RLock()  # the pending steps, between training and committer
@@ -82,6 +105,7 @@ class CheckpointManager:
         self._recheck_writer()
         self.rank, self.world_size = rank, world_size
         self.keepalive = keepalive
+        self._landings = None  # the new attempt's first save agrees on its own keys
 
     def resumed_at(self, step: int) -> None:
         """Training resumes from `step`: never rewrite that checkpoint."""
@@ -128,6 +152,9 @@ class CheckpointManager:
         self.wait_for_writer()  # the staging buffer is free only once the last write is done
         if self._landing is not None:
             self._commit_landed()
+        if self._landings is None:
+            self._landings = Landings.join(self.rank)
+        landings = self._landings
         if source is None:
             tensors = local_tensors(model, optimizer)
             buf = self._staging_for(Layout.of(tensors))
@@ -139,21 +166,25 @@ class CheckpointManager:
                          {**meta, "step": step, "world_size": self.world_size, "rank": self.rank,
                           "params": shard_layout(model)},
                          str(self.store.root / step_dir_name(step)), self.rank, step,
-                         self.world_size)
+                         self.world_size,
+                         landings.landed(step) if self.use_async and landings.signals_itself()
+                         else None)
         if self.use_async:
             self.start_writer()
             self._writer.submit(write_shard, req)
-            self._in_flight = (step, time.time(), str(buf.path))
-            self._landing = step
+            self._in_flight = InFlight(step, time.time(), str(buf.path), landings,
+                                       req.landed is not None)
+            self._landing = (step, landings)
             self._on_written = on_written
         else:
             marker = write_shard(req)
+            landings.add_landed(step)
             self.stats.write_seconds.append(marker["write_seconds"])
             if on_written:
                 on_written()
         if self.rank == 0:
             with self._commits:
-                self._uncommitted.append(step)
+                self._uncommitted.append(Pending(step, self.world_size, landings))
             self._start_committer()
         if not self.use_async:
             dist.barrier()
@@ -173,18 +204,20 @@ class CheckpointManager:
         dist.barrier()
         if self.rank == 0:
             self._commit_pending()
-        self._await_committed(self._landing)
+        self._await_committed(*self._landing)
         self._landing = None
 
     def _commit_pending(self) -> None:
-        """Rank 0, once every rank's write has returned: commit everything pending, waiting
-        briefly for markers not yet visible (a shared file system can show them late), and
-        saying which ones were late: a write that returned has left its marker behind."""
+        """Rank 0, once every rank's write has returned (a barrier said so): commit everything
+        pending from its markers, each read once, waiting briefly for those not yet visible (a
+        shared file system can show them late), and saying which ones were late: a write that
+        returned has left its marker behind."""
         self._commit_ready()  # also waits for a publish in the background to end
         t0, bound = time.time(), min(self.timeout_s, MARKER_GRACE_S)
-        while (step := self._oldest_uncommitted()) is not None:
+        while (oldest := self._oldest_uncommitted()) is not None:
             if time.time() - t0 > bound:
-                missing = self.store.missing_markers(step, self.world_size)
+                step = oldest.step
+                missing = sorted(set(range(oldest.world_size)) - self._found.get(step, {}).keys())
                 raise CheckpointError(f"checkpoint step {step}: the writes of ranks {missing} "
                                       f"returned, but their markers did not appear within "
                                       f"{bound:g} s; it is not committed")
@@ -195,18 +228,15 @@ class CheckpointManager:
         if time.time() - t0 > 1.0:
             self.log(f"rank 0: markers appeared {time.time() - t0:.1f} s after every write returned")
 
-    def _await_committed(self, step: int) -> None:
-        """Wait for rank 0 to publish `step` by watching for its manifest, not in a collective:
-        publishing to a busy disk can outlast the collective timeout. Bounded by the checkpoint
-        timeout; should rank 0 fail instead, the restart that follows ends this wait."""
-        manifest = self.store.root / step_dir_name(step) / MANIFEST
-        deadline = time.time() + self.timeout_s
-        while not manifest.is_file():
-            if time.time() > deadline:
-                raise CheckpointError(f"checkpoint step {step} was not committed within "
-                                      f"{self.timeout_s:g} s (--checkpoint_timeout)")
-            self.keepalive()
-            time.sleep(0.01)
+    def _await_committed(self, step: int, landings: Landings) -> None:
+        """Wait for rank 0 to publish `step` by checking its committed key in the store, not in
+        a collective (publishing to a busy disk can outlast the collective timeout) and not on
+        the shared file system (N ranks looking for one manifest load one metadata server).
+        Bounded by the checkpoint timeout; should rank 0 fail instead, the restart that follows
+        ends this wait."""
+        if not landings.wait_committed(step, self.timeout_s, self.keepalive):
+            raise CheckpointError(f"checkpoint step {step} was not committed within "
+                                  f"{self.timeout_s:g} s (--checkpoint_timeout)")
 
     def _release_source(self) -> None:
         if self._on_written:
@@ -217,7 +247,7 @@ class CheckpointManager:
         """Fail loudly if the background writer died or overran its time."""
         if self._in_flight is None or self._writer is None:
             return
-        step, since, buffer_path = self._in_flight
+        step, since, buffer_path = self._in_flight[:3]
         code = self._writer.worker_exitcode()
         if code is not None:
             self._writer.close(abort=True)
@@ -241,10 +271,12 @@ class CheckpointManager:
         """Once per step: retire finished writes, watch the writer, commit what is complete."""
         if self._in_flight is not None and self._writer is not None:
             if self._writer.poll():
-                step, since, _ = self._in_flight
-                self.stats.write_seconds.append(time.time() - since)
+                done = self._in_flight
+                self.stats.write_seconds.append(time.time() - done.since)
                 self._in_flight = None
                 self._release_source()
+                if not done.signals:  # a store no writer process can reach: say it from here
+                    done.landings.add_landed(done.step)
             else:
                 self._check_writer()
         if self.rank == 0:
@@ -269,22 +301,38 @@ class CheckpointManager:
             self._publish_landed(background)
 
     def _publish_landed(self, background: bool) -> None:
-        """The part of `_commit_ready` after any earlier publish has ended (lock held)."""
+        """The part of `_commit_ready` after any earlier publish has ended (lock held).
+
+        In `background` (every step, and the committer thread), the landed counter says
+        whether to look at all: one store operation while writes are in flight, never the N
+        markers. Otherwise a barrier has just said that every write returned."""
         while self._uncommitted:
-            step = self._uncommitted[0]
-            markers = self.store.ready_markers(step, self.world_size)
+            pending = self._uncommitted[0]
+            if background and pending.landings.count(pending.step) < pending.world_size:
+                return
+            markers = self._markers_of(pending)
             if markers is None:
                 return
             self._uncommitted.pop(0)
+            del self._found[pending.step]
             if not background:
-                self._publish(step, markers)
+                self._publish(pending, markers)
                 continue
-            self._committing = threading.Thread(target=self._publish_caught, args=(step, markers),
-                                                daemon=True, name="checkpoint-commit")
+            self._committing = threading.Thread(target=self._publish_caught,
+                                                args=(pending, markers), daemon=True,
+                                                name="checkpoint-commit")
             self._committing.start()
             return
 
-    def _oldest_uncommitted(self) -> Optional[int]:
+    def _markers_of(self, pending: Pending) -> Optional[list[dict]]:
+        """Every rank's marker of `pending`, or None while some are not visible yet; each one
+        is read once, however many looks it takes for the last to appear."""
+        found = self._found.setdefault(pending.step, {})
+        if self.store.collect_markers(pending.step, pending.world_size, found):
+            return None
+        return [found[r] for r in range(pending.world_size)]
+
+    def _oldest_uncommitted(self) -> Optional[Pending]:
         with self._commits:
             return self._uncommitted[0] if self._uncommitted else None
 
@@ -299,7 +347,8 @@ class CheckpointManager:
         """Rank 0, on a thread of its own: publish what has landed while the training thread
         cannot (a peer hangs, an in-process restart waits at a barrier for a rank the watchdog
         will kill), so `latest` never waits for the loop. A failed publish waits there for the
-        training thread, which raises it."""
+        training thread, which raises it. A store that does not answer (the job is going
+        down) leaves the next look to the training thread, which reports it."""
         while not self._stop_committer.wait(COMMIT_POLL_S):
             with self._commits:
                 if self.rank != 0 or self._commit_error is not None:
@@ -309,12 +358,18 @@ class CheckpointManager:
                         continue
                     self._committing.join()
                     self._committing = None
-                self._publish_landed(background=True)
+                try:
+                    self._publish_landed(background=True)
+                except dist.DistError:  # the store: the training thread will say why
+                    continue
 
-    def _publish(self, step: int, markers: list[dict]) -> None:
-        """Rank 0: commit `step`, say so in the log (one line: the slowest rank's write time)."""
+    def _publish(self, pending: Pending, markers: list[dict]) -> None:
+        """Rank 0: commit `step`, tell the other ranks, say so in the log (one line: the slowest
+        rank's write time)."""
+        step = pending.step
         time.sleep(injected_delay("commit"))
         self.store.commit(step, markers, {})
+        pending.landings.mark_committed(step)
         event = self.events.emit("ckpt_commit", step=step,
                                  write_s=max(m["write_seconds"] for m in markers),
                                  bytes=sum(m["bytes"] for m in markers))
@@ -322,9 +377,9 @@ class CheckpointManager:
                  f"{event['bytes'] / 2**30:.2f} GiB from {len(markers)} rank(s), written in "
                  f"{event['write_s']:.2f} s")
 
-    def _publish_caught(self, step: int, markers: list[dict]) -> None:
+    def _publish_caught(self, pending: Pending, markers: list[dict]) -> None:
         try:
-            self._publish(step, markers)
+            self._publish(pending, markers)
         except Exception as exc:  # raised on the training thread by the next _commit_ready
             self._commit_error = exc
 
@@ -335,7 +390,7 @@ class CheckpointManager:
         last = self.stats.write_seconds[-1] if self.stats.write_seconds else 0.0
         if self._in_flight is None:
             return last
-        return last + max(0.0, last - (time.time() - self._in_flight[1]))
+        return last + max(0.0, last - (time.time() - self._in_flight.since))
 
     def wait_for_writer(self) -> None:
         """Block until this rank's background write is done (watched, never forever)."""
@@ -369,6 +424,7 @@ class CheckpointManager:
             with self._commits:
                 self._commit_ready()
                 self._uncommitted.clear()
+                self._found.clear()
         self._landing = None
 
     def finish(self) -> None:

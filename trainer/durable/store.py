@@ -22,10 +22,13 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from trainer.atomic import fsync_dir, write_json_atomic
 from trainer.errors import FinalError
+
+if TYPE_CHECKING:
+    from trainer.durable.landing import Landed
 
 STEP_DIR = re.compile(r"step_(\d{8})")
 MANIFEST = "MANIFEST.json"
@@ -165,6 +168,7 @@ class ShardWrite:
     rank: int
     step: int
     world_size: int
+    landed: Optional["Landed"] = None  # the store counter the writer adds to once it is durable
 
 
 def write_shard(req: ShardWrite) -> dict:
@@ -233,6 +237,8 @@ def _write_shard(req: ShardWrite) -> dict:
               "chunk_bytes": _HASH_CHUNK, "chunks": [d.hex() for d in chunks],
               "write_seconds": time.time() - t0, "done_at": time.time()}
     write_json_atomic(out / marker_name(req.rank), marker)
+    if req.landed is not None:  # only now: the counter says the marker can be read
+        req.landed.signal()
     return marker
 
 
@@ -391,24 +397,33 @@ class CheckpointStore:
     # -- commit ------------------------------------------------------------------------------
     def ready_markers(self, step: int, world_size: int) -> Optional[list[dict]]:
         """Every rank's marker for `step`, each matching its shard file, or None if not yet."""
+        found: dict[int, dict] = {}
+        if self.collect_markers(step, world_size, found):
+            return None
+        return [found[r] for r in range(world_size)]
+
+    def collect_markers(self, step: int, world_size: int, found: dict[int, dict]) -> list[int]:
+        """Read the markers of `step` not yet in `found` into it, each checked against its shard
+        file; returns the ranks still missing. Called again with the same `found`, it reads only
+        those: rank 0 reads each marker once per checkpoint, however late some appear."""
         path = self.root / step_dir_name(step)
-        markers = []
+        missing = []
         for r in range(world_size):
+            if r in found:
+                continue
             m = path / marker_name(r)
             if not m.is_file():
-                return None
+                missing.append(r)
+                continue
             marker = json.loads(m.read_text())
             shard = path / marker["file"]
             if marker["world_size"] != world_size:
-                return None  # written by an attempt with another world size
+                missing.append(r)  # written by an attempt with another world size
+                continue
             if marker["step"] != step or not shard.is_file() or shard.stat().st_size != marker["bytes"]:
                 raise CheckpointError(f"{m}: marker does not match {shard}")
-            markers.append(marker)
-        return markers
-
-    def missing_markers(self, step: int, world_size: int) -> list[int]:
-        path = self.root / step_dir_name(step)
-        return [r for r in range(world_size) if not (path / marker_name(r)).is_file()]
+            found[r] = marker
+        return missing
 
     def commit(self, step: int, markers: list[dict], extra: dict) -> Path:
         """Publish a checkpoint: manifest last, then the `latest` pointer, then retention."""
