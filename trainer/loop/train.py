@@ -168,7 +168,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     timeout = cfg.collective_timeout(env.device.type)
     # The in-process attempt's store, else the run's store process (no rank hosts one), else
     # torch's env:// rendezvous, whose rank 0 hosts it.
-    init_process_group(env, timeout, hooks.store or pg_store(cfg.barrier_timeout))
+    init_process_group(env, timeout, hooks.store or pg_store(timeout))
     events.emit("pg_ready", iteration=hooks.iteration)
     t0 = time.perf_counter()
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)

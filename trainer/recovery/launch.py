@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import math
 import os
 import signal
 import socket
@@ -99,8 +100,9 @@ def rdzv_conf(spec: LaunchSpec) -> str:
 
         is_host = "true" if spec.node_rank == 0 and not spec.external_store else "false"
         interval, attempts = rendezvous_keep_alive(spec.node_timeout)
-        return (f"join_timeout={spec.rdzv_join_timeout:g},"
-                f"last_call_timeout={spec.rdzv_last_call_timeout:g},is_host={is_host},"
+        # whole seconds: the rendezvous reads its timeouts as integers
+        return (f"join_timeout={math.ceil(spec.rdzv_join_timeout)},"
+                f"last_call_timeout={math.ceil(spec.rdzv_last_call_timeout)},is_host={is_host},"
                 f"keep_alive_interval={interval},keep_alive_max_attempt={attempts}")
     return f"timeout={spec.rdzv_join_timeout:g}"  # static rendezvous: rank 0 hosts by design
 

@@ -35,8 +35,11 @@ Differences absorbed:
   fixed 5 s, 3 attempts) expires: the interval is taken from the rendezvous settings here
   (`use_rendezvous_keep_alive`), and a participant found dead restarts the survivors' workers
   as a joining node does (`use_lost_participant_restart`); without that the survivors wait for
-  a collective timeout. Each worker learns which rendezvous round it joined, for the keys it
-  writes in stores that outlive the round (`use_round_in_worker_env`).
+  a collective timeout. The nodes that trained in the previous round take the seats of the
+  next one before the spares do (`use_seated_nodes_first`): the rendezvous fills its seats in
+  the order nodes ask, and a spare that asked first would leave a survivor, and the state on
+  its node, out. Each worker learns which rendezvous round it joined, for the keys it writes
+  in stores that outlive the round (`use_round_in_worker_env`).
 - What NVRx detects, for the event log: the Wrapper's interruption records live in its store
   (`interruption_records`); ft_launcher's failed workers and its rank monitors' heartbeat
   timeouts are seen only inside the launcher, through its agent's `_monitor_workers` and the
@@ -202,6 +205,7 @@ def ft_launcher_main() -> int:
     else:
         use_rendezvous_keep_alive(_ft_rendezvous)
         use_lost_participant_restart(_ft_rendezvous.FtRendezvousHandler)
+        use_seated_nodes_first(_ft_rendezvous)
     try:
         from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import \
             _RendezvousBarrierState
@@ -262,6 +266,7 @@ def use_lost_participant_restart(handler_cls: type) -> None:
         result = join(self, *args, **kwargs)
         state = self._state_holder.state
         self._nvrx_eks_joined = (state.round, len(state.participants))
+        _seated[0] = True
         return result
 
     @functools.wraps(waiting)
@@ -284,6 +289,38 @@ def use_lost_participant_restart(handler_cls: type) -> None:
 
 
 _joined_round: list[Optional[int]] = [None]  # the round of the agent's newest rendezvous
+_seated = [False]  # this agent has trained in a round (it is no spare)
+SPARE_DEFER_S = 3.0  # how long a spare leaves a new round's seats to the nodes that trained
+
+
+def use_seated_nodes_first(rendezvous) -> None:
+    """In a new round, a node that has not trained yet (a spare, or a node that came back)
+    takes a seat only `SPARE_DEFER_S` after it first saw the round open, or half the round's
+    last call if that is shorter (or the round would start without it): the survivors of the
+    previous round, restarting at the same moment, ask within a sync or two and keep their
+    ranks (`_assign_ranks`) on the nodes that hold their state. Where a survivor is later still,
+    the spare takes the seat all the same: recovery then reads that rank's state from its peer."""
+    op = rendezvous._RendezvousJoinOp
+    call = op.__call__
+    if getattr(call, "seated_first", False):
+        return
+    action_add, action_sync = rendezvous._Action.ADD_TO_PARTICIPANTS, rendezvous._Action.SYNC
+    keep_alive, should_keep_alive = rendezvous._Action.KEEP_ALIVE, rendezvous._should_keep_alive
+    opened: dict[int, float] = {}
+
+    @functools.wraps(call)
+    def seated_first(self, ctx, deadline):
+        action = call(self, ctx, deadline)
+        if action is not action_add or _seated[0] or ctx.state.round == 0:
+            return action
+        defer = min(SPARE_DEFER_S, ctx.settings.timeout.last_call.total_seconds() / 2)
+        first = opened.setdefault(ctx.state.round, time.monotonic())
+        if time.monotonic() - first >= defer:
+            return action
+        return keep_alive if should_keep_alive(ctx) else action_sync
+
+    seated_first.seated_first = True
+    op.__call__ = seated_first
 
 
 def use_round_in_worker_env(launcher) -> None:
