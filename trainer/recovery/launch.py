@@ -99,10 +99,12 @@ def rdzv_conf(spec: LaunchSpec) -> str:
         from trainer.recovery.nvrx_compat import rendezvous_keep_alive
 
         is_host = "true" if spec.node_rank == 0 and not spec.external_store else "false"
-        interval, attempts = rendezvous_keep_alive(spec.node_timeout)
         # whole seconds: the rendezvous reads its timeouts as integers
-        return (f"join_timeout={math.ceil(spec.rdzv_join_timeout)},"
-                f"last_call_timeout={math.ceil(spec.rdzv_last_call_timeout)},is_host={is_host},"
+        conf = f"join_timeout={math.ceil(spec.rdzv_join_timeout)},is_host={is_host}"
+        if not (spec.elastic or spec.external_store):  # as before both existed
+            return conf
+        interval, attempts = rendezvous_keep_alive(spec.node_timeout)
+        return (f"{conf},last_call_timeout={math.ceil(spec.rdzv_last_call_timeout)},"
                 f"keep_alive_interval={interval},keep_alive_max_attempt={attempts}")
     return f"timeout={spec.rdzv_join_timeout:g}"  # static rendezvous: rank 0 hosts by design
 
