@@ -249,6 +249,15 @@ def use_rendezvous_keep_alive(rendezvous) -> None:
     rendezvous.create_handler = create_with_keep_alive
 
 
+_lost_reporters: list[Callable[[int, int], None]] = []
+
+
+def watch_lost_nodes(report: Callable[[int, int], None]) -> None:
+    """Call `report(lost, round)` when this agent finds participants of its round lost through
+    the rendezvous keep-alive (`use_lost_participant_restart`), before it restarts its workers."""
+    _lost_reporters.append(report)
+
+
 def use_lost_participant_restart(handler_cls: type) -> None:
     """A participant of this node's round that the rendezvous found dead (its keep-alive
     expired) counts as a node waiting: the agent, which asks for waiting nodes at every monitor
@@ -280,6 +289,9 @@ def use_lost_participant_restart(handler_cls: type) -> None:
             if lost > 0:
                 log.warning("%d node(s) of rendezvous round %d lost (no keep-alive): restarting "
                             "the workers for the next round", lost, state.round)
+                for report in _lost_reporters:
+                    with contextlib.suppress(Exception):  # a record must never stop a restart
+                        report(lost, state.round)
                 return count + lost
         return count
 
@@ -295,11 +307,12 @@ SPARE_DEFER_S = 3.0  # how long a spare leaves a new round's seats to the nodes 
 
 def use_seated_nodes_first(rendezvous) -> None:
     """In a new round, a node that has not trained yet (a spare, or a node that came back)
-    takes a seat only `SPARE_DEFER_S` after it first saw the round open, or half the round's
-    last call if that is shorter (or the round would start without it): the survivors of the
-    previous round, restarting at the same moment, ask within a sync or two and keep their
-    ranks (`_assign_ranks`) on the nodes that hold their state. Where a survivor is later still,
-    the spare takes the seat all the same: recovery then reads that rank's state from its peer."""
+    takes a seat once every live node of the previous round (the rendezvous keeps their worker
+    states until the round completes) has taken its own, or `SPARE_DEFER_S` after it first
+    saw the round open, or half the round's last call if that is shorter (or the round would
+    start without it): the survivors keep their ranks (`_assign_ranks`) on the nodes that hold
+    their state. Where a survivor is later still, the spare takes the seat all the same:
+    recovery then reads that rank's state from its peer."""
     op = rendezvous._RendezvousJoinOp
     call = op.__call__
     if getattr(call, "seated_first", False):
@@ -312,6 +325,11 @@ def use_seated_nodes_first(rendezvous) -> None:
     def seated_first(self, ctx, deadline):
         action = call(self, ctx, deadline)
         if action is not action_add or _seated[0] or ctx.state.round == 0:
+            return action
+        state = ctx.state  # the previous round's workers are keyed by node until the next one
+        survivors = [n for n in getattr(state, "worker_states", {})
+                     if n in state.last_heartbeats and n not in state.participants]
+        if not survivors:  # every survivor has its seat, or none is left
             return action
         defer = min(SPARE_DEFER_S, ctx.settings.timeout.last_call.total_seconds() / 2)
         first = opened.setdefault(ctx.state.round, time.monotonic())
