@@ -32,9 +32,9 @@ def node_fault(steps: int, world: int, first: int, last: int) -> list[str]:
     raise AssertionError(f"no seed puts a node fault in steps [{first}, {last}]")
 
 
-def local_flags(pace, *extra: str) -> tuple[str, ...]:
+def local_flags(pace, mode: str, *extra: str) -> tuple[str, ...]:
     """Two simulated nodes of one rank each, with this machine's pace in every timeout."""
-    return ("--nnodes", "2", *pace.runner_flags("ft_launcher"),
+    return ("--nnodes", "2", *pace.runner_flags(mode),
             "--node_timeout", f"{pace.seconds(6):g}",
             "--rdzv_last_call_timeout", f"{pace.seconds(3):g}", "--node_return_s", "-1", *extra)
 
@@ -82,7 +82,7 @@ def spares_job(cache_dir, pace, reference, tmp_path_factory):
     job = start_local(cache_dir, "ft_launcher", run_dir, "--max_steps", str(STEPS),
                       "--checkpoint_interval", "4", *TIERS, *pace.recovery_flags(),
                       *node_fault(STEPS, 2, 4, 6), nproc=1,
-                      local_args=local_flags(pace, "--spare_nodes", "2"))
+                      local_args=local_flags(pace, "ft_launcher", "--spare_nodes", "2"))
     try:
         def resumed_twice_on_new_world() -> bool:
             ev = events(run_dir)
@@ -142,12 +142,15 @@ def test_losing_the_node_that_would_host_the_stores_is_survived(spares_job):
 
 def test_with_no_spare_left_the_world_shrinks_and_training_goes_on(cache_dir, pace, reference,
                                                                     tmp_path):
+    """Under ft_launcher+inprocess: the Wrapper's and the application store in the store
+    process too; the Wrapper, which may not shrink the world, hands the loss to the launcher."""
     ref = reference(steps=STEPS, nproc=2)
     run_dir = tmp_path / "run"
-    ok(run_local(cache_dir, "ft_launcher", run_dir, "--max_steps", str(STEPS),
+    mode = "ft_launcher+inprocess"
+    ok(run_local(cache_dir, mode, run_dir, "--max_steps", str(STEPS),
                  "--checkpoint_interval", "2", *TIERS, *pace.recovery_flags(),
                  *node_fault(STEPS, 2, 8, 10), nproc=1,
-                 local_args=local_flags(pace, "--min_nodes", "1")))
+                 local_args=local_flags(pace, mode, "--min_nodes", "1")))
     ev = events(run_dir)
     (lost,) = lost_nodes(ev)
     assert lost["node"] == 1
