@@ -4,7 +4,15 @@ Starts one launcher per (simulated) node exactly as the training pods do, and pl
 Kubernetes Job where the mode relies on it: when a launcher fails, every launcher is stopped and
 the whole job restarts after a backoff, up to --job_restarts times (the Job's backoffLimit).
 
+With more than one node in an ft_launcher mode, the run's stores are served by a store process
+of their own (`trainer.recovery.store_server`, `--external_store`), as on the cluster: no node
+is special. A launcher killed outright is a lost node (a `node` fault): the others carry on,
+a spare (--spare_nodes) takes its place or the world shrinks to --min_nodes, and the lost
+node comes back after --node_return_s (the Job recreating its pod), as a spare or to grow the
+world back.
+
     python -m devtools.local --mode inprocess --nproc_per_node 2 -- --max_steps 200 ...
+    python -m devtools.local --mode ft_launcher --nnodes 2 --spare_nodes 1 -- ...
     (trainer flags may also follow without the `--`)
 """
 
@@ -29,7 +37,7 @@ from trainer.durable.lease import RUN_ID_ENV
 from trainer.recovery.lifetime import child_dies_with_me
 from trainer.recovery.termination import SIGTERM_EXIT_CODE
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
-                                     launch_env, stop_on_sigterm)
+                                     launch_env, stop_on_sigterm, topology_problem)
 
 # Whole-job restarts by default where the Job is the only layer that recovers (baseline).
 JOB_RESTARTS = 10
@@ -71,6 +79,22 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--mode", choices=MODES, default=RecoveryMode.BASELINE.value)
     p.add_argument("--nproc_per_node", type=int, default=2)
     p.add_argument("--nnodes", type=int, default=1, help="simulated nodes, each its own launcher")
+    p.add_argument("--spare_nodes", type=int, default=0,
+                   help="simulated nodes more, waiting in the rendezvous to replace a lost one")
+    p.add_argument("--min_nodes", type=int, default=None,
+                   help="with no spare left, train on as few as this many nodes (default: "
+                        "--nnodes)")
+    p.add_argument("--external_store", choices=("auto", "on", "off"), default="auto",
+                   help="serve the run's stores from a process of their own (auto: with more "
+                        "than one node in an ft_launcher mode)")
+    p.add_argument("--node_return_s", type=float, default=0.0,
+                   help="a lost node's launcher starts again this many seconds later, as the "
+                        "Job recreates a lost pod (negative: never)")
+    p.add_argument("--node_timeout", type=float, default=LaunchSpec.node_timeout,
+                   help="seconds without a rendezvous keep-alive after which a node is lost")
+    p.add_argument("--rdzv_last_call_timeout", type=float, default=3.0,
+                   help="with --min_nodes below --nnodes: once enough nodes joined, seconds to "
+                        "wait for more before a round starts with fewer")
     p.add_argument("--run_dir", help="default: runs/<mode>-<time>")
     p.add_argument("--job_restarts", type=int, default=None,
                    help=f"whole-job restarts after a failure (default {JOB_RESTARTS} where "
@@ -92,9 +116,20 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     for name in ("nproc_per_node", "nnodes"):
         if getattr(args, name) < 1:
             p.error(f"--{name} {getattr(args, name)} must be at least 1")
-    if args.metrics_port and not 0 < args.metrics_port + args.nnodes <= 65536:
-        p.error(f"--metrics_port {args.metrics_port} leaves no port for each of {args.nnodes} "
-                "node(s): use 1 to 65535 (0: off)")
+    if args.external_store == "auto":
+        args.external_store = "on" if RecoveryMode(args.mode).uses_ft_launcher and \
+            args.nnodes + max(args.spare_nodes, 0) > 1 else "off"
+    args.external_store = args.external_store == "on"
+    problem = topology_problem(args.mode, args.nnodes, args.min_nodes, args.spare_nodes,
+                               args.external_store)
+    if problem:
+        p.error(problem)
+    if args.node_timeout < 1:
+        p.error(f"--node_timeout {args.node_timeout:g} must be at least 1 (seconds)")
+    args.total_nodes = args.nnodes + args.spare_nodes
+    if args.metrics_port and not 0 < args.metrics_port + args.total_nodes <= 65536:
+        p.error(f"--metrics_port {args.metrics_port} leaves no port for each of "
+                f"{args.total_nodes} node(s): use 1 to 65535 (0: off)")
     if args.job_restarts is None:
         args.job_restarts = 0 if RecoveryMode(args.mode).recovers_within_job else JOB_RESTARTS
     return args, rest
@@ -145,33 +180,86 @@ def serve_metrics(args, run_dir: Path) -> list[Optional[Path]]:
     """Each node's /metrics, served by this process as a pod's launcher serves it: it outlives
     every restart, the whole job's too. Returns each node's figures file (None: no metrics)."""
     if not args.metrics_port:
-        return [None] * args.nnodes
+        return [None] * args.total_nodes
     from trainer.telemetry.exporter import serve
 
     files = []
-    for node in range(args.nnodes):
+    for node in range(args.total_nodes):
         files.append(run_dir / f".figures.node{node}.json")
         serve(args.metrics_port + node, files[-1], addr="127.0.0.1")
     return files
 
 
+def node_spec(args, node: int, port: int, attempt: int) -> LaunchSpec:
+    """Simulated node `node`'s launcher, as the pod of that index runs it."""
+    return LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, node, "127.0.0.1", port,
+                      args.max_restarts, args.heartbeat_timeout, args.initial_heartbeat_timeout,
+                      args.monitor_interval, rdzv_id=f"local-{port}-{attempt}",
+                      min_nodes=args.min_nodes, spare_nodes=args.spare_nodes,
+                      external_store=args.external_store, node_timeout=args.node_timeout,
+                      rdzv_last_call_timeout=args.rdzv_last_call_timeout)
+
+
+def _start_node(args, cfg, trainer_args: list[str], run_dir: Path, port: int, attempt: int,
+                final: Path, figure: Optional[Path], node: int) -> subprocess.Popen:
+    """One simulated node: its launcher, leading a process group of its own (what a `node`
+    fault kills), with a node directory of its own where there are several."""
+    node_args = list(trainer_args)
+    if args.total_nodes > 1 and _flag(node_args, "--node_dir") is None:
+        node_args += ["--node_dir", str(run_dir / "nodes" / f"node{node}")]
+    spec = node_spec(args, node, port, attempt)
+    log = open(run_dir / f"node{node}.log", "ab")
+    env = _launcher_env(spec, final, cfg, figure)
+    return subprocess.Popen(build_command(spec, node_args), env=env,
+                            stdout=None if node == 0 else log, stderr=subprocess.STDOUT
+                            if node else None, start_new_session=True,
+                            preexec_fn=child_dies_with_me())
+
+
 def _start(args, cfg, trainer_args: list[str], run_dir: Path, port: int, attempt: int,
-           final: Path, figures: list[Optional[Path]]) -> list[subprocess.Popen]:
-    procs = []
-    for node in range(args.nnodes):
-        node_args = list(trainer_args)
-        if args.nnodes > 1 and _flag(node_args, "--node_dir") is None:
-            node_args += ["--node_dir", str(run_dir / "nodes" / f"node{node}")]
-        spec = LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, node, "127.0.0.1", port,
-                          args.max_restarts, args.heartbeat_timeout, args.initial_heartbeat_timeout,
-                          args.monitor_interval, rdzv_id=f"local-{port}-{attempt}")
-        log = open(run_dir / f"node{node}.log", "ab")
-        env = _launcher_env(spec, final, cfg, figures[node])
-        procs.append(subprocess.Popen(build_command(spec, node_args), env=env,
-                                      stdout=None if node == 0 else log, stderr=subprocess.STDOUT
-                                      if node else None, start_new_session=True,
-                                      preexec_fn=child_dies_with_me()))
-    return procs
+           final: Path, figures: list[Optional[Path]], nodes: range) -> list[subprocess.Popen]:
+    return [_start_node(args, cfg, trainer_args, run_dir, port, attempt, final, figures[node],
+                        node) for node in nodes]
+
+
+def _log_sizes(log_dir: Path, nodes: range) -> list[int]:
+    """The size of each node's event log: a node whose log grew has started its workers."""
+    from trainer.accounting.events import node_log_name
+
+    sizes = []
+    for node in nodes:
+        try:
+            sizes.append((log_dir / node_log_name(node)).stat().st_size)
+        except OSError:
+            sizes.append(0)
+    return sizes
+
+
+def start_store(port: int, run_dir: Path, timeout_s: float = 60.0) -> subprocess.Popen:
+    """The run's store process on `port` (and the ports after it), as the store pod serves them;
+    returns once it accepts connections."""
+    log = open(run_dir / "store.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.recovery.store_server",
+                             "--master_port", str(port), "--host", "127.0.0.1"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=child_dies_with_me())
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the store process exited with {proc.returncode}: see "
+                               f"{run_dir / 'store.log'}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the store process did not listen on port {port} within {timeout_s:g} s")
+
+
+def lost(args, proc: subprocess.Popen) -> bool:
+    """A launcher killed outright (a lost node) that the others survive: with the run's store
+    process, in a mode whose launchers meet again in a new rendezvous round."""
+    return args.external_store and proc.returncode is not None and proc.returncode < 0
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -199,54 +287,93 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
         port = free_port_block()
         final = run_dir / f".final-error.{attempt}"
         final.unlink(missing_ok=True)
-        procs = _start(args, cfg, trainer_args, run_dir, port, attempt, final,
-                       list(figures) or [None] * args.nnodes)
-        failed = None
-        try:
-            while True:
-                if _TERMINATING:
-                    return stop_on_sigterm("devtools.local", procs,
-                                           lambda: any(p.poll() is None for p in procs),
-                                           cfg.termination_grace)
-                if final.exists():
-                    break
-                codes = [p.poll() for p in procs]
-                failed = next((p for p, c in zip(procs, codes) if c not in (None, 0)), None)
-                if failed is not None or all(c == 0 for c in codes):
-                    break
-                if args.timeout and time.time() - started > args.timeout:
-                    _stop(procs)
-                    print(f"devtools.local: error: job did not finish within {args.timeout:g} s: "
-                          f"{_progress(log_dir, cfg.max_steps)}", file=sys.stderr)
-                    return 1
-                time.sleep(0.1)
-        except KeyboardInterrupt:
+        store = start_store(port, run_dir) if args.external_store else None
+        procs: list[subprocess.Popen] = []
+        try:  # the store process outlives every launcher of the attempt
+            figs = list(figures) or [None] * args.total_nodes
+            # The training nodes first; the spares once every training node has started its
+            # workers, so that node ranks 0 to --nnodes - 1 train and the others wait (on the
+            # cluster, which pods wait is whichever came last).
+            training = range(args.nnodes)
+            sizes = _log_sizes(log_dir, training)
+            procs = _start(args, cfg, trainer_args, run_dir, port, attempt, final, figs, training)
+            returns: dict[int, float] = {}  # lost node -> when its launcher starts again
+            failed = None
+            try:
+                while True:
+                    if _TERMINATING:
+                        return stop_on_sigterm("devtools.local", procs,
+                                               lambda: any(p.poll() is None for p in procs),
+                                               cfg.termination_grace)
+                    if final.exists():
+                        break
+                    if len(procs) < args.total_nodes and all(
+                            a > b for a, b in zip(_log_sizes(log_dir, training), sizes)):
+                        procs += _start(args, cfg, trainer_args, run_dir, port, attempt, final,
+                                        figs, range(args.nnodes, args.total_nodes))
+                    codes = [p.poll() for p in procs]
+                    for node, p in enumerate(procs):
+                        if lost(args, p) and node not in returns:
+                            events.emit("node_lost", node=node, attempt=attempt,
+                                        exit_code=p.returncode)
+                            print(f"devtools.local: node {node} lost (its launcher exited with "
+                                  f"{p.returncode}); the others carry on", flush=True)
+                            returns[node] = time.monotonic() + args.node_return_s \
+                                if args.node_return_s >= 0 else float("inf")
+                    failed = next((p for p, c in zip(procs, codes) if c not in (None, 0)
+                                   and not lost(args, p)), None)
+                    live = [c for p, c in zip(procs, codes) if not lost(args, p)]
+                    if failed is not None or (live and all(c == 0 for c in live)):
+                        break
+                    if not live and not any(t != float("inf") for t in returns.values()):
+                        failed = procs[0]  # every node lost, none to come back
+                        break
+                    for node, when in list(returns.items()):
+                        if time.monotonic() >= when:
+                            del returns[node]
+                            procs[node] = _start_node(args, cfg, trainer_args, run_dir, port,
+                                                      attempt, final, figs[node], node)
+                            events.emit("node_returned", node=node, attempt=attempt)
+                            print(f"devtools.local: node {node} is back", flush=True)
+                    if args.timeout and time.time() - started > args.timeout:
+                        _stop(procs)
+                        print(f"devtools.local: error: job did not finish within "
+                              f"{args.timeout:g} s: {_progress(log_dir, cfg.max_steps)}",
+                              file=sys.stderr)
+                        return 1
+                    time.sleep(0.1)
+            except KeyboardInterrupt:
+                _stop(procs)
+                print("devtools.local: interrupted; the launchers were stopped", file=sys.stderr)
+                return 130
+            if final.exists():  # a rank met an error no restart can fix (trainer.recovery.launch)
+                _stop(procs)
+                print(f"devtools.local: error: mode {args.mode} stopped: "
+                      f"{final.read_text().strip()}", file=sys.stderr)
+                return 2
+            if failed is None:
+                return 0
+            events.emit("worker_failed", attempt=attempt, exit_code=failed.returncode)
             _stop(procs)
-            print("devtools.local: interrupted; the launchers were stopped", file=sys.stderr)
-            return 130
-        if final.exists():  # a rank met an error no restart can fix (trainer.recovery.launch)
+            if failed.returncode == 2:  # a setting no restart can fix
+                print(f"devtools.local: error: mode {args.mode} stopped: {_cause(log_dir)}",
+                      file=sys.stderr)
+                return 2
+            if attempt == args.job_restarts:
+                break
+            print(f"devtools.local: a launcher exited with {failed.returncode}; restarting the "
+                  f"whole job in {backoff:g} s (restart {attempt + 1} of {args.job_restarts})",
+                  flush=True)
+            deadline = time.monotonic() + backoff
+            while time.monotonic() < deadline and not _TERMINATING:
+                time.sleep(0.05)
+            if _TERMINATING:
+                print("devtools.local: stopped by SIGTERM between two restarts", file=sys.stderr)
+                return SIGTERM_EXIT_CODE
+        finally:
             _stop(procs)
-            print(f"devtools.local: error: mode {args.mode} stopped: {final.read_text().strip()}",
-                  file=sys.stderr)
-            return 2
-        if failed is None:
-            return 0
-        events.emit("worker_failed", attempt=attempt, exit_code=failed.returncode)
-        _stop(procs)
-        if failed.returncode == 2:  # a setting no restart can fix
-            print(f"devtools.local: error: mode {args.mode} stopped: {_cause(log_dir)}",
-                  file=sys.stderr)
-            return 2
-        if attempt == args.job_restarts:
-            break
-        print(f"devtools.local: a launcher exited with {failed.returncode}; restarting the whole "
-              f"job in {backoff:g} s (restart {attempt + 1} of {args.job_restarts})", flush=True)
-        deadline = time.monotonic() + backoff
-        while time.monotonic() < deadline and not _TERMINATING:
-            time.sleep(0.05)
-        if _TERMINATING:
-            print("devtools.local: stopped by SIGTERM between two restarts", file=sys.stderr)
-            return SIGTERM_EXIT_CODE
+            if store is not None:
+                _stop([store])
         backoff = min(30.0, backoff * 2)
     print(f"devtools.local: error: mode {args.mode} could not recover (a launcher exited with "
           f"{failed.returncode}; {args.job_restarts} whole-job restarts allowed): "
@@ -314,8 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      sample_data=True)
     if args.heartbeat_timeout is None:
         args.heartbeat_timeout = default_heartbeat_timeout(args.mode, cfg.hard_timeout)
-    check(LaunchSpec(args.mode, args.nnodes, args.nproc_per_node, 0, "127.0.0.1", 0,
-                     heartbeat_timeout=args.heartbeat_timeout), cfg)
+    check(node_spec(args, 0, 0, 0), cfg, "python -m devtools.local")
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         figures = serve_metrics(args, run_dir)

@@ -1,6 +1,7 @@
 """Firing faults for real: exception, hang (a Python-level stall), sigkill, segfault (a real
-SIGSEGV), oom (a real allocation failure) and node (every rank of one node dies and its
-node-local memory is lost), at scheduled steps or at named points of set-up and tear-down.
+SIGSEGV), oom (a real allocation failure) and node (the whole node is lost: its launcher,
+every rank on it and its node-local memory, `node_loss`), at scheduled steps or at named
+points of set-up and tear-down.
 
 Each fault fires once: before firing, the rank creates a marker file on the checkpoint storage,
 so a rollback that replays the step - after an in-process restart, a launcher restart or a
@@ -80,17 +81,23 @@ class FaultInjector:
         unregister_rank(self._registered)
         self._registered = None
 
-    def _claim(self, fault: Fault) -> bool:
-        """True exactly once per fault across every restart: the marker is created atomically."""
+    def _claim(self, fault: Fault, scheduled: bool) -> bool:
+        """True exactly once per fault across every restart: the marker is created atomically.
+        A scheduled fault is one per step, named by its step alone: after the world changed
+        size (a lost node, no spare) the schedule puts that step's fault on another rank, and
+        a replay of the step must still not fire it again."""
         if self.record_dir is None:
             return True
-        return claim_marker(self.record_dir / f"step{fault.step:08d}_rank{fault.rank:05d}", fault.type)
+        name = f"step{fault.step:08d}" if scheduled else \
+            f"step{fault.step:08d}_rank{fault.rank:05d}"
+        return claim_marker(self.record_dir / name, fault.type)
 
     def at_step(self, step: int) -> None:
         fault = self.mine.get(step)
+        scheduled = fault is not None
         if fault is None and self.probability and self.rank != 0 and self._rng.random() < self.probability:
             fault = Fault(step, self.rank, self._rng.choices(self.types, weights=self.weights)[0])
-        if fault is None or not self._claim(fault):
+        if fault is None or not self._claim(fault, scheduled):
             return
         self.events.emit("fault", step=step, type=fault.type)
         fire(fault.type, self.device_type, step, self.node_root)

@@ -29,6 +29,7 @@ from trainer.faults.schedule import schedule
 from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.loop.determinism import make_deterministic
 from trainer.loop.distributed import DistEnv, init_process_group
+from trainer.recovery.stores import pg_store
 from trainer.loop.hooks import Hooks
 from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
 from trainer.loop.parallel import build_sharded_model
@@ -164,7 +165,10 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     """Process group, model, optimizer and the tiers, restored to the newest state every rank
     can get. (The process group too: its rendezvous waits for the slowest rank.)"""
     Tiers.warm(cfg, env)
-    init_process_group(env, cfg.collective_timeout(env.device.type), hooks.store)
+    timeout = cfg.collective_timeout(env.device.type)
+    # The in-process attempt's store, else the run's store process (no rank hosts one), else
+    # torch's env:// rendezvous, whose rank 0 hosts it.
+    init_process_group(env, timeout, hooks.store or pg_store(timeout))
     events.emit("pg_ready", iteration=hooks.iteration)
     t0 = time.perf_counter()
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)

@@ -6,7 +6,7 @@ exit takes seconds (unregistering a rank's pinned snapshot slots costs about 0.2
 BENCHMARKS.md section 4): one after the other, the two exits double the time before the
 relaunch. So a failing rank first sets a key in the launcher's store, and every rank watches
 that key on a thread and leaves at once, the way the failed rank does (`cli.exit_now`). The key
-names the launcher's restart round, so a later round never sees it.
+names the rendezvous round (`stores.round_key`), so a later round never sees it.
 """
 
 from __future__ import annotations
@@ -19,14 +19,17 @@ from typing import Callable, Optional
 
 import torch.distributed as dist
 
+from trainer.recovery.stores import external, round_key
+
 KEY = "nvrx-eks/failed-rank"
 _WAIT = timedelta(hours=1)  # one blocking wait at a time; renewed when it times out
 _announcer: Optional[dist.Store] = None  # a connection of its own, see `watch`
 
 
 def _connect() -> Optional[dist.Store]:
-    """A client of the launcher's store (torchelastic gives every worker its address)."""
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    """A client of the run's store process, else of the launcher's store (torchelastic gives
+    every worker its address)."""
+    host, port = external() or (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
     if not host or not port:
         return None
     try:
@@ -37,7 +40,7 @@ def _connect() -> Optional[dist.Store]:
 
 
 def _key() -> str:
-    return f"{KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return f"{KEY}/{round_key()}"
 
 
 def announce(rank: int) -> None:

@@ -9,6 +9,10 @@ these modules does on import; every worker sets up its own device. Each worker l
 process group, as a command-line worker does, and the fork server and its workers die with this
 launcher (`trainer.recovery.worker_groups`).
 
+The fork server starts, and imports `PRELOAD`, as the launcher starts (`warm`), beside the
+first rendezvous, not at the first launch of workers: a spare node that waits in the
+rendezvous has its imports done before it is called in.
+
     python -m trainer.recovery.forkserver <ft_launcher flags> --run-path --start-method=forkserver \\
         <trainer/__main__.py> <trainer flags>
 """
@@ -21,6 +25,7 @@ import os
 import sys
 from pathlib import Path
 
+from trainer.faults.node_loss import NODE_LEADER_ENV
 from trainer.recovery.lifetime import announce_agent
 from trainer.recovery.termination import hold_in_agent
 
@@ -64,12 +69,23 @@ def plain_elastic_logs() -> None:
     logger.propagate = False
 
 
+def warm() -> None:
+    """Start the fork server now, so that its imports overlap the rendezvous. It is the one
+    server that ft_launcher's start method later forks the workers from (multiprocessing keeps
+    one per process), started from the same environment and signal mask as it would be then."""
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 def main() -> None:
     announce_agent()  # before the fork server starts: it inherits the environment...
     hold_in_agent()  # ...and the signal mask
     os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
+    os.environ.setdefault(NODE_LEADER_ENV, str(os.getpid()))  # no `launch` above: this process
     plain_elastic_logs()
     multiprocessing.set_forkserver_preload(list(PRELOAD))
+    warm()
     from trainer.recovery.launcher_events import record_ft_launcher_detections
     from trainer.recovery.nvrx_compat import ft_launcher_main
 

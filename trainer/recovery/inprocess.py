@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Optional
 
 import torch
+from nvidia_resiliency_ext.inprocess.store import StoreMixin
 
 from config.contract import inprocess_ports
 from trainer.accounting.events import Detection, EventLog
@@ -32,6 +33,7 @@ from trainer.loop.train import run
 from trainer.recovery.nvrx_compat import (interruption_records, record_watchdog_kills,
                                           restart_health_check)
 from trainer.recovery.phases import PhaseTimeout
+from trainer.recovery.stores import external, round_key
 from trainer.recovery.termination import PeerTerminating
 
 
@@ -68,6 +70,44 @@ class RecordAbort:
                 return state
 
         return Record()
+
+
+class ExternalWrapperStore(torch.distributed.PrefixStore, StoreMixin):
+    """The Wrapper's store in the run's store process (`--external_store`): a client, so no rank
+    hosts it and none is critical to it (NVRx's TCPStore makes rank 0 host it, and its loss
+    every rank's), under this rendezvous round's prefix, since the store outlives the workers.
+    Built by name from `store_kwargs` in the rank and in NVRx's monitor process."""
+
+    def __init__(self, host_name: str, port: int, prefix: str,
+                 timeout: timedelta = timedelta(seconds=300), **_ignored) -> None:
+        super().__init__(prefix, torch.distributed.TCPStore(
+            host_name, port, is_master=False, wait_for_workers=False, timeout=timeout))
+
+
+def wrapper_store(port: int, timeout_s: float) -> tuple[type, dict]:
+    """The Wrapper's store_factory and store_kwargs: NVRx's TCPStore on MASTER_ADDR, hosted by
+    rank 0; with the run's store process, a client of it."""
+    kwargs = {"port": port, "timeout": timedelta(seconds=timeout_s)}
+    where = external()
+    if where is None:
+        from nvidia_resiliency_ext.inprocess.store import TCPStore
+
+        return TCPStore, kwargs
+    return ExternalWrapperStore, {**kwargs, "host_name": where[0],
+                                  "prefix": f"nvrx-eks/wrapper/{round_key()}/"}
+
+
+def app_store(port: int, env: DistEnv, timeout_s: float) -> torch.distributed.Store:
+    """The trainer's own store across in-process attempts: hosted by rank 0 on MASTER_ADDR, or
+    a client of the run's store process under this round's prefix."""
+    where = external()
+    if where is None:
+        return torch.distributed.TCPStore(
+            os.environ["MASTER_ADDR"], port, env.world_size, env.rank == 0,
+            timeout=timedelta(seconds=timeout_s), wait_for_workers=False, multi_tenant=True)
+    client = torch.distributed.TCPStore(where[0], port, is_master=False, wait_for_workers=False,
+                                        timeout=timedelta(seconds=timeout_s))
+    return torch.distributed.PrefixStore(f"nvrx-eks/app/{round_key()}", client)
 
 
 def _timed_checks(events: EventLog, which: str, check):
@@ -121,8 +161,9 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: Re
     wrapper_port, app_port = inprocess_ports(os.environ)
     min_world = cfg.min_world_size or env.world_size
     record_watchdog_kills(events, cfg.soft_timeout, cfg.hard_timeout)
+    store_factory, store_kwargs = wrapper_store(wrapper_port, cfg.barrier_timeout)
     wrapper = inprocess.Wrapper(
-        store_kwargs={"port": wrapper_port, "timeout": timedelta(seconds=cfg.barrier_timeout)},
+        store_factory=store_factory, store_kwargs=store_kwargs,
         initialize=inprocess.initialize.RetryController(
             max_iterations=cfg.inprocess_max_restarts + 1, min_world_size=min_world),
         abort=inprocess.Compose(AbortTorchDistributed(), recorder.abort()),
@@ -196,10 +237,7 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
         recorder.watch(call_wrapper)
         events.emit("attempt_start", iteration=iteration)
         if base.process.app_store is None:
-            base.process.app_store = torch.distributed.TCPStore(
-                os.environ["MASTER_ADDR"], app_port, env.world_size, env.rank == 0,
-                timeout=timedelta(seconds=cfg.barrier_timeout), wait_for_workers=False,
-                multi_tenant=True)
+            base.process.app_store = app_store(app_port, env, cfg.barrier_timeout)
         store = torch.distributed.PrefixStore(f"attempt{iteration}", base.process.app_store)
         hooks = base.for_attempt(iteration, store, call_wrapper.ping)
         try:

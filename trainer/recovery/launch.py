@@ -14,6 +14,18 @@ stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replace
 rank is the pod's completion index (`--node-rank`, and GROUP_RANK for NVRx versions that take
 the infrastructure's rank), so ranks keep their order at any node count.
 
+No special node (`--external_store`): the run's stores live in a process of their own
+(`trainer.recovery.store_server`, on --master_addr); no launcher hosts one and no rank does
+(`trainer.recovery.stores`), so the loss of any training node is survived like any other.
+
+Spares and shrinking (ft_launcher modes): the run has --nnodes N training nodes and
+--spare_nodes K more, node ranks 0 to N+K-1; the K wait in ft_launcher's rendezvous with their
+fork server's imports done, and the first to see a participant gone takes its place in the next
+round (survivors keep their ranks, so the lost node's ranks come back from the peer tier).
+Without a spare left the world shrinks to as few as --min_nodes, and grows again when a node
+joins. A lost node is found through the rendezvous keep-alive within --node_timeout
+(`nvrx_compat.use_lost_participant_restart`). Spelled per NVRx version by `nvrx_compat`.
+
 Lifetimes (`trainer.recovery.lifetime`): the elastic agent this process starts dies with it, and
 every process under the agent dies with the agent, whatever killed it: nothing of a run outlives
 its launcher and trains on into the checkpoint directory.
@@ -24,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import math
 import os
 import signal
 import socket
@@ -42,7 +55,9 @@ from config.contract import (DEFAULT_MASTER_PORT, EVENTS_DIR_ENV, FIGURES_FILE_E
                              wrapper_store_port)
 from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
+from trainer.faults.node_loss import NODE_LEADER_ENV
 from trainer.recovery.lifetime import ProcessId, child_dies_with_me
+from trainer.recovery.stores import EXTERNAL_STORE_ENV
 from trainer.recovery.termination import SIGTERM_EXIT_CODE, STOP_SIGNAL
 
 
@@ -61,13 +76,36 @@ class LaunchSpec:
     rdzv_id: str = "nvrx-eks"
     rdzv_join_timeout: float = 600.0
     metrics_port: int = METRICS_PORT  # 0: no /metrics
+    min_nodes: Optional[int] = None  # None: nnodes (the world never shrinks)
+    spare_nodes: int = 0
+    external_store: bool = False  # the stores live in `store_server`; no launcher hosts one
+    node_timeout: float = 6.0  # a node without a rendezvous keep-alive this long is lost
+    rdzv_last_call_timeout: float = 30.0  # with min_nodes joined, how long to wait for more
+
+    @property
+    def world_min_nodes(self) -> int:
+        return self.nnodes if self.min_nodes is None else self.min_nodes
+
+    @property
+    def elastic(self) -> bool:
+        """Spares wait, or the world may shrink."""
+        return self.spare_nodes > 0 or self.world_min_nodes < self.nnodes
 
 
 def rdzv_conf(spec: LaunchSpec) -> str:
-    """Rendezvous settings: node 0 hosts the store; how long a node waits for the others."""
+    """Rendezvous settings: who hosts the store (node 0, or nobody with the run's store
+    process); how long a node waits for the others; how soon a silent node is lost."""
     if RecoveryMode(spec.mode).uses_ft_launcher:
-        is_host = "true" if spec.node_rank == 0 else "false"
-        return f"join_timeout={spec.rdzv_join_timeout:g},is_host={is_host}"
+        from trainer.recovery.nvrx_compat import rendezvous_keep_alive
+
+        is_host = "true" if spec.node_rank == 0 and not spec.external_store else "false"
+        # whole seconds: the rendezvous reads its timeouts as integers
+        conf = f"join_timeout={math.ceil(spec.rdzv_join_timeout)},is_host={is_host}"
+        if not (spec.elastic or spec.external_store):  # as before both existed
+            return conf
+        interval, attempts = rendezvous_keep_alive(spec.node_timeout)
+        return (f"{conf},last_call_timeout={math.ceil(spec.rdzv_last_call_timeout)},"
+                f"keep_alive_interval={interval},keep_alive_max_attempt={attempts}")
     return f"timeout={spec.rdzv_join_timeout:g}"  # static rendezvous: rank 0 hosts by design
 
 
@@ -76,11 +114,13 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     py = sys.executable
     if RecoveryMode(spec.mode).uses_ft_launcher:
         from trainer.recovery.forkserver import launcher_args
-        from trainer.recovery.nvrx_compat import ft_launcher_flags
+        from trainer.recovery.nvrx_compat import ft_launcher_flags, nnodes_flag
 
         # ft_launcher, with workers forked from a process that has imported the trainer
+        nnodes = nnodes_flag(spec.world_min_nodes, spec.nnodes, spec.spare_nodes) \
+            if spec.elastic else str(spec.nnodes)
         launcher = [py, "-m", "trainer.recovery.forkserver",
-                    f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.nproc_per_node}",
+                    f"--nnodes={nnodes}", f"--nproc-per-node={spec.nproc_per_node}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.master_addr}:{spec.master_port}",
                     f"--rdzv-id={spec.rdzv_id}", f"--rdzv-conf={rdzv_conf(spec)}",
                     f"--node-rank={spec.node_rank}",
@@ -107,6 +147,8 @@ def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
     env.setdefault(RUN_ID_ENV, f"launch-{socket.gethostname()}-{os.getpid()}-"
                                f"{ProcessId.current().start}")
     env[INPROCESS_PORT_ENV] = str(wrapper_store_port(spec.master_port))
+    if spec.external_store:  # the ranks' stores are clients of the store process
+        env[EXTERNAL_STORE_ENV] = f"{spec.master_addr}:{spec.master_port}"
     env["GROUP_RANK"] = str(spec.node_rank)  # NVRx's infrastructure group rank
     # The event log: this node's file (torchelastic renumbers GROUP_RANK at each rendezvous),
     # and which start of the launcher the workers belong to (a new one means a job restart).
@@ -150,6 +192,21 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
                         "replacement (detection, eviction, boot, image pull)")
     p.add_argument("--metrics_port", type=int, default=LaunchSpec.metrics_port,
                    help="serve this node's Prometheus /metrics on this port (0: off)")
+    p.add_argument("--min_nodes", type=int, default=None,
+                   help="train on as few as this many nodes when no spare is left (default: "
+                        "--nnodes, never fewer); ft_launcher modes")
+    p.add_argument("--spare_nodes", type=int, default=0,
+                   help="nodes beyond --nnodes that wait in the rendezvous to replace a lost "
+                        "one (node ranks --nnodes and up); ft_launcher modes")
+    p.add_argument("--external_store", action="store_true",
+                   help="the run's stores are served by `python -m trainer.recovery.store_server`"
+                        " on --master_addr:--master_port; no launcher hosts any (ft_launcher modes)")
+    p.add_argument("--node_timeout", type=float, default=LaunchSpec.node_timeout,
+                   help="seconds without a rendezvous keep-alive after which a node is lost")
+    p.add_argument("--rdzv_last_call_timeout", type=float,
+                   default=LaunchSpec.rdzv_last_call_timeout,
+                   help="with --min_nodes below --nnodes: once enough nodes joined, seconds to "
+                        "wait for more before a round starts with fewer")
     a = p.parse_args(argv)
     for name in ("nnodes", "nproc_per_node"):
         if getattr(a, name) < 1:
@@ -158,11 +215,47 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
         p.error(f"--rdzv_join_timeout {a.rdzv_join_timeout:g} must be positive")
     if not 0 <= a.metrics_port < 65536:
         p.error(f"--metrics_port {a.metrics_port} must be a port number, 0 to 65535 (0: off)")
-    if not 0 <= a.node_rank < a.nnodes:
-        p.error(f"--node_rank {a.node_rank} must be in [0, {a.nnodes})")
+    problem = topology_problem(a.mode, a.nnodes, a.min_nodes, a.spare_nodes, a.external_store)
+    if problem:
+        p.error(problem)
+    if not 0 <= a.node_rank < a.nnodes + a.spare_nodes:
+        p.error(f"--node_rank {a.node_rank} must be in [0, {a.nnodes + a.spare_nodes}) "
+                f"(--nnodes {a.nnodes} plus --spare_nodes {a.spare_nodes})")
+    if a.node_timeout < 1:
+        p.error(f"--node_timeout {a.node_timeout:g} must be at least 1 (seconds)")
+    if a.rdzv_last_call_timeout < 0:
+        p.error(f"--rdzv_last_call_timeout {a.rdzv_last_call_timeout:g} must be 0 or more")
     if "--mode" in trainer_args:
         p.error("pass --mode to the launcher only; it forwards it to the trainer")
     return LaunchSpec(**vars(a)), trainer_args
+
+
+def topology_problem(mode: str, nnodes: int, min_nodes: Optional[int], spare_nodes: int,
+                     external_store: bool) -> Optional[str]:
+    """What is wrong with this shape of a run, in one line; None if nothing. Spares and a
+    shrinking world need a launcher that restarts its workers in a new rendezvous round
+    (ft_launcher); the other modes restart the whole Job on any fault, where rank 0 hosting the
+    stores costs nothing more."""
+    lo = nnodes if min_nodes is None else min_nodes
+    if spare_nodes < 0:
+        return f"--spare_nodes {spare_nodes} must be 0 or more"
+    if not 1 <= lo <= nnodes:
+        return f"--min_nodes {lo} must be in [1, {nnodes}] (--nnodes {nnodes})"
+    m = RecoveryMode(mode)
+    elastic = spare_nodes > 0 or lo < nnodes
+    if (elastic or external_store) and not m.uses_ft_launcher:
+        what = "--external_store" if not elastic else \
+            ("--spare_nodes" if spare_nodes > 0 else "--min_nodes below --nnodes")
+        ft_modes = ", ".join(x.value for x in RecoveryMode if x.uses_ft_launcher)
+        return (f"{what} needs a launcher that restarts its workers in a new rendezvous round: "
+                f"mode {mode} restarts the whole Job on any fault; use one of {ft_modes}")
+    if lo < nnodes:
+        from trainer.recovery.nvrx_compat import shrinks_world
+
+        if not shrinks_world():
+            return (f"--min_nodes {lo} below --nnodes {nnodes}: the installed NVRx keeps a "
+                    f"fixed world (spares only); use --min_nodes {nnodes}")
+    return None
 
 
 def default_heartbeat_timeout(mode: str, hard_timeout: float, floor: float = 30.0,
@@ -175,15 +268,39 @@ def default_heartbeat_timeout(mode: str, hard_timeout: float, floor: float = 30.
     return floor
 
 
-def check(spec: LaunchSpec, cfg) -> None:
+def check(spec: LaunchSpec, cfg, prog: str = "python -m trainer.recovery.launch") -> None:
     """Launcher and trainer settings that only fail together."""
     if RecoveryMode(spec.mode).heartbeat_outlasts_hard_timeout and \
             spec.heartbeat_timeout <= cfg.hard_timeout:
         sys.stderr.write(
-            f"python -m trainer.recovery.launch: error: --heartbeat_timeout {spec.heartbeat_timeout:g} must "
+            f"{prog}: error: --heartbeat_timeout {spec.heartbeat_timeout:g} must "
             f"exceed the trainer's --hard_timeout {cfg.hard_timeout:g}: ft_launcher would kill "
             "ranks that the in-process restart is still recovering\n")
         sys.exit(2)
+    problem = shrink_batch_problem(spec, cfg)
+    if problem:
+        sys.stderr.write(f"{prog}: error: {problem}\n")
+        sys.exit(2)
+
+
+def shrink_batch_problem(spec: LaunchSpec, cfg) -> Optional[str]:
+    """The global batch is kept exact at every world size the run may train at (--min_nodes to
+    --nnodes nodes), as whole micro-batches per rank: a size that cannot divide it is refused
+    here, before anything starts, not after a node is lost."""
+    from trainer.config import batch_problem
+
+    full = spec.nnodes * spec.nproc_per_node
+    global_batch = cfg.global_batch_size or cfg.batch_size * full
+    bad = [n for n in range(spec.world_min_nodes, spec.nnodes + 1)
+           if batch_problem(global_batch, cfg.batch_size, n * spec.nproc_per_node)]
+    if not bad:
+        return None
+    return (f"--min_nodes {spec.world_min_nodes}: the global batch of {global_batch} "
+            f"(--global_batch_size, or --batch_size {cfg.batch_size} x {full} ranks) does not "
+            f"divide into whole micro-batches of {cfg.batch_size} on "
+            f"{', '.join(str(n) for n in bad)} node(s) of {spec.nproc_per_node} rank(s); use a "
+            f"--min_nodes or --global_batch_size that every world from --min_nodes to --nnodes "
+            f"divides")
 
 
 def serve_metrics(port: int, workdir: Path, env: dict, addr: str = "0.0.0.0") -> None:
@@ -213,7 +330,9 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
     """
     final = (workdir or Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))) / "final-error"
     become_subreaper()
-    proc = subprocess.Popen(cmd, env={**env, FINAL_ERROR_ENV: str(final)},
+    # a `node` fault takes this process, the pod's PID 1, and all it started
+    proc = subprocess.Popen(cmd, env={NODE_LEADER_ENV: str(os.getpid()), **env,
+                                      FINAL_ERROR_ENV: str(final)},
                             preexec_fn=child_dies_with_me())
     terminating: list[int] = []
 

@@ -3,7 +3,8 @@
 ft_launcher finds a dead worker (its exit code or signal) and its rank monitors find a silent
 one (the heartbeat timeout), then restart the worker group; the workers that come back cannot
 tell why. These records are the launcher's evidence of each failure, written at the point of
-detection: `workers_failed` and `heartbeat_timeout`. `supervise` (the pod's first process)
+detection: `workers_failed`, `heartbeat_timeout`, and `nodes_lost` (participants of its
+rendezvous round whose keep-alive expired: a node that stopped answering). `supervise` (the pod's first process)
 records its launcher's failed exit, after which the Job restarts the pod: `worker_failed`.
 """
 
@@ -22,12 +23,14 @@ def record_ft_launcher_detections(environ: Mapping[str, str]) -> EventLog:
         return events
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
-    from trainer.recovery.nvrx_compat import watch_heartbeat_timeouts, watch_worker_failures
+    from trainer.recovery.nvrx_compat import (watch_heartbeat_timeouts, watch_lost_nodes,
+                                              watch_worker_failures)
 
     watch_worker_failures(launcher, lambda failures: events.emit("workers_failed",
                                                                  failures=failures))
     watch_heartbeat_timeouts(lambda rank, pid: events.emit("heartbeat_timeout", failed_rank=rank,
                                                            failed_pid=pid))
+    watch_lost_nodes(lambda lost, rnd: events.emit("nodes_lost", lost=lost, round=rnd))
     return events
 
 

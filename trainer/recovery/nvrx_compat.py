@@ -27,6 +27,19 @@ Differences absorbed:
   (`restart_health_check`). Its monitor process ends a rank that made no progress for the hard
   timeout with SIGTERM (SIGKILL a grace later) and says so only in its own log, which is off:
   `record_watchdog_kills` has it say so in the run's event log first.
+- Spare nodes and a shrinking world (`nnodes_flag`): before 0.6 ft_launcher's c10d rendezvous
+  admits `--nnodes MIN:MAX` nodes, MAX the world, and parks any node beyond MAX in its
+  redundancy list; the world may shrink to MIN. From 0.6 the barrier rendezvous reads MIN as
+  the fixed active world and MAX as its limit with standbys, and never shrinks it
+  (`shrinks_world`). Before 0.6 a dead node is found only once its rendezvous keep-alive (a
+  fixed 5 s, 3 attempts) expires: the interval is taken from the rendezvous settings here
+  (`use_rendezvous_keep_alive`), and a participant found dead restarts the survivors' workers
+  as a joining node does (`use_lost_participant_restart`); without that the survivors wait for
+  a collective timeout. The nodes that trained in the previous round take the seats of the
+  next one before the spares do (`use_seated_nodes_first`): the rendezvous fills its seats in
+  the order nodes ask, and a spare that asked first would leave a survivor, and the state on
+  its node, out. Each worker learns which rendezvous round it joined, for the keys it writes
+  in stores that outlive the round (`use_round_in_worker_env`).
 - What NVRx detects, for the event log: the Wrapper's interruption records live in its store
   (`interruption_records`); ft_launcher's failed workers and its rank monitors' heartbeat
   timeouts are seen only inside the launcher, through its agent's `_monitor_workers` and the
@@ -151,6 +164,27 @@ def ft_launcher_flags(max_restarts: int, heartbeat_timeout: float, initial_heart
     return flags
 
 
+def nnodes_flag(min_nodes: int, nnodes: int, spare_nodes: int) -> str:
+    """ft_launcher's `--nnodes` for a world of `nnodes` nodes that may shrink to `min_nodes`, with
+    `spare_nodes` more waiting to replace a lost one (see the module's docstring)."""
+    if NVRX_VERSION < (0, 6):
+        return f"{min_nodes}:{nnodes}"
+    return f"{nnodes}:{nnodes + spare_nodes}"
+
+
+def shrinks_world() -> bool:
+    """Whether the installed ft_launcher can continue on fewer nodes than it started with."""
+    return NVRX_VERSION < (0, 6)
+
+
+def rendezvous_keep_alive(node_timeout_s: float) -> tuple[int, int]:
+    """(interval, attempts) of the rendezvous keep-alive that declares a node dead after about
+    `node_timeout_s` without one: about three per timeout, whole seconds (torch's settings are
+    integers), at least one."""
+    interval = max(1, round(node_timeout_s / 3))
+    return interval, max(1, round(node_timeout_s / interval))
+
+
 def ft_launcher_main() -> int:
     """Run ft_launcher in this process, on this process's command line."""
     if NVRX_VERSION < (0, 5):
@@ -163,6 +197,15 @@ def ft_launcher_main() -> int:
 
     use_stop_worker_groups(launcher)
     use_rank_monitors_following_launcher()
+    use_round_in_worker_env(launcher)
+    try:
+        from nvidia_resiliency_ext.fault_tolerance import _ft_rendezvous
+    except ImportError:  # a release without the c10d rendezvous of 0.4
+        pass
+    else:
+        use_rendezvous_keep_alive(_ft_rendezvous)
+        use_lost_participant_restart(_ft_rendezvous.FtRendezvousHandler)
+        use_seated_nodes_first(_ft_rendezvous)
     try:
         from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import \
             _RendezvousBarrierState
@@ -171,6 +214,162 @@ def ft_launcher_main() -> int:
     else:
         use_prompt_rendezvous(_RendezvousBarrierState)
     return launcher.main()
+
+
+def use_rendezvous_keep_alive(rendezvous) -> None:
+    """The c10d rendezvous of NVRx before 0.6 fixes its keep-alive at 5 s and 3 attempts, so a
+    dead node leaves the rendezvous 15 s after its last keep-alive; torch's own rendezvous takes
+    `keep_alive_interval` and `keep_alive_max_attempt` from `--rdzv-conf`. Here NVRx's does too."""
+    create = rendezvous.create_handler
+    if getattr(create, "takes_keep_alive", False):
+        return
+
+    @functools.wraps(create)
+    def create_with_keep_alive(store, backend, params):
+        handler = create(store, backend, params)
+        interval = params.get_as_int("keep_alive_interval", None)
+        attempts = params.get_as_int("keep_alive_max_attempt", None)
+        if interval is None and attempts is None:
+            return handler
+        import dataclasses
+        from datetime import timedelta
+
+        old = handler._settings
+        settings = dataclasses.replace(
+            old, keep_alive_interval=timedelta(seconds=interval) if interval is not None
+            else old.keep_alive_interval,
+            keep_alive_max_attempt=attempts if attempts is not None
+            else old.keep_alive_max_attempt)
+        # the handler, its state holder and its op executor each keep the settings
+        for holder in (handler, handler._state_holder, handler._op_executor):
+            holder._settings = settings
+        return handler
+
+    create_with_keep_alive.takes_keep_alive = True
+    rendezvous.create_handler = create_with_keep_alive
+
+
+_lost_reporters: list[Callable[[int, int], None]] = []
+
+
+def watch_lost_nodes(report: Callable[[int, int], None]) -> None:
+    """Call `report(lost, round)` when this agent finds participants of its round lost through
+    the rendezvous keep-alive (`use_lost_participant_restart`), before it restarts its workers."""
+    _lost_reporters.append(report)
+
+
+def use_lost_participant_restart(handler_cls: type) -> None:
+    """A participant of this node's round that the rendezvous found dead (its keep-alive
+    expired) counts as a node waiting: the agent, which asks for waiting nodes at every monitor
+    interval while its workers are healthy, restarts them and joins the next round, in which a
+    spare takes the lost node's place or the world shrinks. NVRx before 0.6 drops a dead
+    participant from the rendezvous but leaves the survivors' workers in a collective that
+    waits for it until a timeout."""
+    waiting = handler_cls.num_nodes_waiting
+    if getattr(waiting, "counts_lost", False):
+        return
+    join = handler_cls.next_rendezvous
+
+    @functools.wraps(join)
+    def join_and_remember(self, *args, **kwargs):
+        result = join(self, *args, **kwargs)
+        state = self._state_holder.state
+        self._nvrx_eks_joined = (state.round, len(state.participants))
+        _seated[0] = True
+        return result
+
+    @functools.wraps(waiting)
+    def waiting_or_lost(self) -> int:
+        count = waiting(self)  # syncs: a participant whose keep-alive expired is dropped
+        joined = getattr(self, "_nvrx_eks_joined", None)
+        state = self._state_holder.state
+        if joined is not None and state.complete and state.round == joined[0] \
+                and not state.closed:
+            lost = joined[1] - len(state.participants)
+            if lost > 0:
+                log.warning("%d node(s) of rendezvous round %d lost (no keep-alive): restarting "
+                            "the workers for the next round", lost, state.round)
+                for report in _lost_reporters:
+                    with contextlib.suppress(Exception):  # a record must never stop a restart
+                        report(lost, state.round)
+                return count + lost
+        return count
+
+    waiting_or_lost.counts_lost = True
+    handler_cls.next_rendezvous = join_and_remember
+    handler_cls.num_nodes_waiting = waiting_or_lost
+
+
+_joined_round: list[Optional[int]] = [None]  # the round of the agent's newest rendezvous
+_seated = [False]  # this agent has trained in a round (it is no spare)
+SPARE_DEFER_S = 3.0  # how long a spare leaves a new round's seats to the nodes that trained
+
+
+def use_seated_nodes_first(rendezvous) -> None:
+    """In a new round, a node that has not trained yet (a spare, or a node that came back)
+    takes a seat once every live node of the previous round (the rendezvous keeps their worker
+    states until the round completes) has taken its own, or `SPARE_DEFER_S` after it first
+    saw the round open, or half the round's last call if that is shorter (or the round would
+    start without it): the survivors keep their ranks (`_assign_ranks`) on the nodes that hold
+    their state. Where a survivor is later still, the spare takes the seat all the same:
+    recovery then reads that rank's state from its peer."""
+    op = rendezvous._RendezvousJoinOp
+    call = op.__call__
+    if getattr(call, "seated_first", False):
+        return
+    action_add, action_sync = rendezvous._Action.ADD_TO_PARTICIPANTS, rendezvous._Action.SYNC
+    keep_alive, should_keep_alive = rendezvous._Action.KEEP_ALIVE, rendezvous._should_keep_alive
+    opened: dict[int, float] = {}
+
+    @functools.wraps(call)
+    def seated_first(self, ctx, deadline):
+        action = call(self, ctx, deadline)
+        if action is not action_add or _seated[0] or ctx.state.round == 0:
+            return action
+        state = ctx.state  # the previous round's workers are keyed by node until the next one
+        survivors = [n for n in getattr(state, "worker_states", {})
+                     if n in state.last_heartbeats and n not in state.participants]
+        if not survivors:  # every survivor has its seat, or none is left
+            return action
+        defer = min(SPARE_DEFER_S, ctx.settings.timeout.last_call.total_seconds() / 2)
+        first = opened.setdefault(ctx.state.round, time.monotonic())
+        if time.monotonic() - first >= defer:
+            return action
+        return keep_alive if should_keep_alive(ctx) else action_sync
+
+    seated_first.seated_first = True
+    op.__call__ = seated_first
+
+
+def use_round_in_worker_env(launcher) -> None:
+    """Each worker's environment names the rendezvous round its group joined
+    (`stores.RDZV_ROUND_ENV`): the agent reads it from its rendezvous handler as it starts the
+    workers, and adds it to the environments it hands to `start_processes`."""
+    from trainer.recovery.stores import RDZV_ROUND_ENV
+
+    agent = getattr(launcher, "LocalElasticAgent", None)
+    start = getattr(agent, "_start_workers", None)
+    spawn = getattr(launcher, "start_processes", None)
+    if start is None or spawn is None or getattr(start, "names_round", False):
+        return
+
+    @functools.wraps(start)
+    def start_in_round(self, worker_group):
+        state = getattr(getattr(self._rdzv_handler, "_state_holder", None), "state", None)
+        _joined_round[0] = getattr(state, "round", None)
+        return start(self, worker_group)
+
+    @functools.wraps(spawn)
+    def spawn_in_round(*args, **kwargs):
+        envs = kwargs.get("envs")
+        if _joined_round[0] is not None and envs:
+            for env in envs.values():
+                env[RDZV_ROUND_ENV] = str(_joined_round[0])
+        return spawn(*args, **kwargs)
+
+    start_in_round.names_round = True
+    agent._start_workers = start_in_round
+    launcher.start_processes = spawn_in_round
 
 
 def use_stop_worker_groups(launcher) -> None:

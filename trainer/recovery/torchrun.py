@@ -5,12 +5,16 @@ signal blocked for them (`termination.hold_in_agent`).
     python -m trainer.recovery.torchrun <torchrun flags> -m trainer <trainer flags>
 """
 
+import os
+
+from trainer.faults.node_loss import NODE_LEADER_ENV
 from trainer.recovery.lifetime import announce_agent
 from trainer.recovery.termination import hold_in_agent
 
 if __name__ == "__main__":
     announce_agent()
     hold_in_agent()
+    os.environ.setdefault(NODE_LEADER_ENV, str(os.getpid()))  # a `node` fault takes the node
     from torch.distributed.run import main
 
     main()

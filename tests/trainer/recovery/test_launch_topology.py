@@ -1,0 +1,98 @@
+"""The launcher's shape of a run (nodes, spares, the smallest world, the store process): bad
+values are one line and exit 2 before anything starts; good ones reach ft_launcher spelled for
+the installed NVRx; the store process serves every port the run's stores use."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+
+from config.contract import app_store_port, wrapper_store_port
+from tests.jobs import ROOT
+
+LAUNCH = [sys.executable, "-m", "trainer.recovery.launch"]
+BASE = ["--nproc_per_node", "1", "--master_addr", "127.0.0.1"]
+
+
+def launch(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*LAUNCH, *args, "--", "--checkpoint_dir", str(tmp_path / "ck")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--mode", "ft_launcher", "--nnodes", "2", "--min_nodes", "3", "--node_rank", "0"],
+     "--min_nodes 3 must be in [1, 2]"),
+    (["--mode", "ft_launcher", "--nnodes", "2", "--min_nodes", "0", "--node_rank", "0"],
+     "--min_nodes 0 must be in [1, 2]"),
+    (["--mode", "ft_launcher", "--nnodes", "2", "--spare_nodes", "-1", "--node_rank", "0"],
+     "--spare_nodes -1 must be 0 or more"),
+    (["--mode", "ft_launcher", "--nnodes", "2", "--spare_nodes", "1", "--node_rank", "3"],
+     "--node_rank 3 must be in [0, 3)"),
+    (["--mode", "baseline", "--nnodes", "2", "--spare_nodes", "1", "--node_rank", "0"],
+     "--spare_nodes needs a launcher that restarts its workers"),
+    (["--mode", "inprocess", "--nnodes", "2", "--min_nodes", "1", "--node_rank", "0"],
+     "--min_nodes below --nnodes needs a launcher that restarts its workers"),
+    (["--mode", "baseline", "--nnodes", "2", "--external_store", "--node_rank", "0"],
+     "--external_store needs a launcher that restarts its workers"),
+    # 3 nodes of one rank, the default batch of 4: a global batch of 12 is 6 a rank on 2 nodes
+    (["--mode", "ft_launcher", "--nnodes", "3", "--min_nodes", "2", "--node_rank", "0"],
+     "global batch of 12 (--global_batch_size, or --batch_size 4 x 3 ranks) does not divide "
+     "into whole micro-batches of 4 on 2 node(s)"),
+])
+def test_bad_shapes_are_one_line_and_exit_2_before_anything_starts(tmp_path, args, fragment):
+    proc = launch(tmp_path, *BASE, *args)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert fragment in last, last
+    assert "launch:" not in proc.stdout  # nothing was started
+    assert not (tmp_path / "ck").exists()
+
+
+def test_spares_and_a_shrinking_world_reach_ft_launcher():
+    from trainer.recovery.launch import LaunchSpec, build_command, launch_env
+    from trainer.recovery.nvrx_compat import nnodes_flag
+    from trainer.recovery.stores import EXTERNAL_STORE_ENV
+
+    spec = LaunchSpec("ft_launcher", 4, 8, 5, "store.svc", 29500, min_nodes=3, spare_nodes=2,
+                      external_store=True, node_timeout=6, rdzv_last_call_timeout=10)
+    cmd = build_command(spec, [])
+    assert f"--nnodes={nnodes_flag(3, 4, 2)}" in cmd and "--node-rank=5" in cmd
+    conf = next(a for a in cmd if a.startswith("--rdzv-conf="))
+    assert "is_host=false" in conf  # node 0 hosts nothing with the store process
+    assert "keep_alive_interval=2,keep_alive_max_attempt=3" in conf
+    assert "last_call_timeout=10" in conf
+    cfg = type("Cfg", (), {"output_dir": None, "collective_timeout": lambda self, d: 60.0,
+                           "hard_timeout": 60.0})()
+    assert launch_env(spec, cfg, base={})[EXTERNAL_STORE_ENV] == "store.svc:29500"
+    plain = LaunchSpec("ft_launcher", 4, 8, 0, "job-0.svc", 29500)
+    assert next(a for a in build_command(plain, []) if a.startswith("--rdzv-conf=")) == \
+        "--rdzv-conf=join_timeout=600,is_host=true"  # as before: node 0 hosts
+    assert EXTERNAL_STORE_ENV not in launch_env(plain, cfg, base={})
+
+
+def test_store_process_serves_every_port_and_exits_0_on_sigterm():
+    import torch.distributed as dist
+
+    from devtools.local import free_port_block
+
+    port = free_port_block()
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.recovery.store_server",
+                             "--master_port", str(port), "--host", "127.0.0.1"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = proc.stdout.readline()
+        assert "serving the run's stores" in ready, proc.stderr.read() if proc.poll() else ready
+        for p in (port, wrapper_store_port(port), app_store_port(port)):
+            store = dist.TCPStore("127.0.0.1", p, is_master=False, wait_for_workers=False,
+                                  timeout=timedelta(seconds=30))
+            store.set("k", str(p))
+            assert store.get("k") == str(p).encode()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
