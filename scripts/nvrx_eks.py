@@ -47,6 +47,7 @@ PROG = "nvrx-eks"
 PART_OF_SELECTOR = f"{naming.LABEL_PART_OF}={naming.PART_OF}"
 TRAIN_SELECTOR = f"{PART_OF_SELECTOR},{naming.LABEL_COMPONENT}={naming.COMPONENT_TRAIN}"
 DELETE_TIMEOUT = "15m"
+STORE_KINDS = ("deployment", "service", "poddisruptionbudget", "networkpolicy")  # k8s.charts.store
 READY_TIMEOUT = "10m"
 WAIT_POLL_S = 10.0
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -351,7 +352,7 @@ def cmd_export(s: Session) -> int:
 
 def cmd_stop(s: Session) -> int:
     """Delete the run's Job (or JobSet) with foreground cascade, so its pods go first, then its
-    Service, ConfigMap and NetworkPolicy; FSx data stays."""
+    Service, ConfigMap and NetworkPolicy, then its store pod's objects; FSx data stays."""
     run_id = s.run_id_or_latest()
     name = naming.train_job_name(run_id)
     s.kubectl.run(
@@ -360,6 +361,8 @@ def cmd_stop(s: Session) -> int:
     )  # fmt: skip
     s.kubectl.run("delete", ",".join(("service", "configmap", "networkpolicy", *s.monitor_kinds)), name,
                   "--ignore-not-found")
+    # the store pod goes after the launchers it served (ft_launcher modes; none elsewhere)
+    s.kubectl.run("delete", ",".join(STORE_KINDS), naming.store_name(run_id), "--ignore-not-found")
     s.kubectl.show(f"# stopped {run_id}; its checkpoints and metrics stay in FSx under runs/{run_id}")
     return 0
 
@@ -376,6 +379,10 @@ def cmd_cleanup(s: Session) -> int:
         "delete", "jobs", "--selector", PART_OF_SELECTOR,
         "--cascade=foreground", "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}",
     )  # fmt: skip
+    # the store pods' Deployments and the pre-pull DaemonSet, whose controllers would recreate
+    # the pods deleted next
+    k.run("delete", "deployments,daemonsets", "--selector", PART_OF_SELECTOR, "--cascade=foreground",
+          "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}")
     k.run(
         "delete",
         "pods",
@@ -387,7 +394,8 @@ def cmd_cleanup(s: Session) -> int:
     )
     k.run(
         "delete",
-        ",".join(("networkpolicies", "services", "configmaps", "serviceaccounts", *s.monitor_kinds)),
+        ",".join(("networkpolicies", "services", "configmaps", "serviceaccounts", "poddisruptionbudgets",
+                  *s.monitor_kinds)),
         "--selector",
         PART_OF_SELECTOR,
         "--ignore-not-found",
