@@ -406,8 +406,10 @@ def cmd_cleanup(s: Session) -> int:
 
 def cmd_lost_node(s: Session) -> int:
     """Force-delete our pods bound to a node that is gone. The node lifecycle controller evicts
-    them only after the toleration (60 s) and cannot finish a deletion the dead kubelet never
-    confirms; until the pods are gone their Jobs do not replace them."""
+    them after the toleration (10 s) but cannot finish a deletion the dead kubelet never
+    confirms: the old pods stay until the Node object is deleted. The ft_launcher modes'
+    replacements start anyway (TerminatingOrFailed); the torchrun modes' wait for this. The
+    instance itself is replaced by the node-health agent (infra.constructs.node_health)."""
     node = s.args.node
     if not _NODE_NAME.fullmatch(node):
         raise WrapperError(f"--node {node!r} is not a Kubernetes node name")
