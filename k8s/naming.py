@@ -64,6 +64,13 @@ RENDEZVOUS_PORT = contract.DEFAULT_MASTER_PORT  # torchrun / ft_launcher rendezv
 INPROCESS_WRAPPER_PORT = contract.wrapper_store_port(RENDEZVOUS_PORT)  # the NVRx Wrapper's store
 INPROCESS_APP_PORT = contract.app_store_port(RENDEZVOUS_PORT)  # the in-process application store
 METRICS_PORT = contract.METRICS_PORT  # each training pod's Prometheus /metrics (its launcher)
+# The stores on those ports, by port name: served by node rank 0's launcher (torchrun modes) or
+# by the run's store pod (ft_launcher modes).
+STORE_PORTS = (
+    ("rendezvous", RENDEZVOUS_PORT),
+    ("inproc-wrapper", INPROCESS_WRAPPER_PORT),
+    ("inproc-app", INPROCESS_APP_PORT),
+)
 METRICS_PORT_NAME = "metrics"
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

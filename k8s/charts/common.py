@@ -47,7 +47,7 @@ def prepull_daemon_set(scope: Construct, dep: Deployment) -> None:
         termination_grace_period_seconds=0,  # sleep ignores SIGTERM; nothing to save
         security_context=pod.pod_security(),
         node_selector=pod.gpu_node_selector(dep.instance),
-        tolerations=pod.gpu_tolerations()[:1],  # the GPU taint; DaemonSets tolerate node loss
+        tolerations=[pod.gpu_taint_toleration()],  # DaemonSet pods tolerate node loss already
         containers=[container],
     )
     name = naming.PREPULL_DAEMONSET

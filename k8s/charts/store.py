@@ -23,18 +23,12 @@ from __future__ import annotations
 from cdk8s_plus_35 import k8s
 from constructs import Construct
 
-from config import contract
 from k8s import checkov, commands, image, naming, pod
 from k8s.charts.base import meta
 from k8s.deployment import SCRATCH_MOUNT, Deployment
 
 CONTAINER = "store"
-PORTS = (
-    ("rendezvous", naming.RENDEZVOUS_PORT),
-    ("inproc-wrapper", naming.INPROCESS_WRAPPER_PORT),
-    ("inproc-app", naming.INPROCESS_APP_PORT),
-)
-assert len(PORTS) == contract.PORTS_PER_JOB
+PORTS = naming.STORE_PORTS
 # One thread and a socket per connected client; a few hundred bytes of keys per rank. A
 # thousand nodes of eight ranks stay well inside these.
 CPU_REQUEST = "250m"

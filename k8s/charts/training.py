@@ -34,11 +34,7 @@ from k8s.deployment import (
 from k8s.environment import training_env
 from k8s.resources import CPU_LIMIT_SKIP, check_memory_budget, gib_quantity, shm_size_gib, training_resources
 
-PORTS = (
-    ("rendezvous", naming.RENDEZVOUS_PORT),
-    ("inproc-wrapper", naming.INPROCESS_WRAPPER_PORT),
-    ("inproc-app", naming.INPROCESS_APP_PORT),
-)
+PORTS = naming.STORE_PORTS
 POD_MONITOR_API_VERSION = "monitoring.coreos.com/v1"
 SCRAPE_INTERVAL = "30s"
 # Pod labels a PodMonitor copies onto every series: which run, and which node of it.
