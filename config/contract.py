@@ -39,9 +39,11 @@ PRIVATE_SUBNET_PREFIX = 19
 HUGEPAGES_POD_HEADROOM = 2
 NR_HUGEPAGES_2MI = HUGEPAGES_2MI_PER_POD_MIB // 2 * TRAINING_PODS_PER_NODE * HUGEPAGES_POD_HEADROOM
 
-# Pods leave a node that stopped answering after this long, instead of Kubernetes' default 300 s:
-# a gang restart cannot begin before the lost node's pod is gone.
-NODE_LOSS_TOLERATION_S = 60
+# Pods leave a node that stopped answering after this long, instead of Kubernetes' default 300 s.
+# The node is tainted only once it has been silent for the node monitor's grace period (40-50 s),
+# so a few seconds more suffice: a lost pod's replacement is created on eviction (ft_launcher
+# modes) and a gang restart (torchrun modes) cannot begin before the lost node's pod is gone.
+NODE_LOSS_TOLERATION_S = 10
 
 # --- Storage and stack outputs ------------------------------------------------------------------
 FSX_PVC_NAME = "fsx-claim"

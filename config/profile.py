@@ -39,17 +39,33 @@ class CapacityReservation(_Strict):
     Either works inside the cluster placement group: EC2 launches reserved instances into a
     cluster placement group when the reservation was made for it (a Capacity Block always is
     co-located). `capacity_block: true` also sets the launch template's market type.
+
+    Without `id` the GPU stack creates an On-Demand Capacity Reservation itself, for every node
+    of the group (node_count + spare_nodes), in the placement group; an existing reservation or
+    Capacity Block must hold that many instances of the profile's type.
     """
 
-    id: str
+    id: Optional[str] = None
     capacity_block: bool = False
 
     @field_validator("id")
     @classmethod
-    def _id_shape(cls, v: str) -> str:
-        if not re.fullmatch(r"cr-[0-9a-f]{8,17}", v):
+    def _id_shape(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.fullmatch(r"cr-[0-9a-f]{8,17}", v):
             raise ValueError(f"capacity reservation id {v!r} must look like cr-0123456789abcdef0")
         return v
+
+    @model_validator(mode="after")
+    def _block_is_bought(self) -> "CapacityReservation":
+        if self.capacity_block and self.id is None:
+            raise ValueError("capacity_block: true needs the id of the Capacity Block you bought "
+                             "(the stack can create On-Demand Capacity Reservations only)")
+        return self
+
+    @property
+    def created(self) -> bool:
+        """The stack creates the reservation (no id given)."""
+        return self.id is None
 
 
 class ClusterSettings(_Strict):
@@ -242,7 +258,12 @@ class Profile(_Strict):
     region: str
     availability_zone: str
     instance_type: str
-    node_count: int = Field(ge=1)
+    node_count: int = Field(ge=1)  # the nodes that train
+    # Hot spares: nodes that join the run and wait; a spare takes a lost node's place at once
+    # (the launcher's in-job restart), and the lost pod's replacement becomes the next spare.
+    spare_nodes: int = Field(default=0, ge=0)
+    # The fewest nodes training goes on with once no spare is left (None: node_count, no shrink).
+    min_nodes: Optional[int] = Field(default=None, ge=1)
     efa_interfaces: Optional[int] = None  # optional cross-check against the instance table
     capacity_reservation: Optional[CapacityReservation] = None
     placement_group: bool = True
@@ -286,6 +307,9 @@ class Profile(_Strict):
                 f"efa_interfaces {self.efa_interfaces} disagrees with {self.instance_type}, "
                 f"which has {derived}"
             )
+        if self.min_nodes is not None and self.min_nodes > self.node_count:
+            raise ValueError(f"min_nodes {self.min_nodes} must be at most node_count "
+                             f"{self.node_count} (training shrinks down to it, never grows past)")
         self._check_second_az()
         self._check_subnet_room()
         return self
@@ -297,9 +321,9 @@ class Profile(_Strict):
             return
         usable = 2 ** (32 - PRIVATE_SUBNET_PREFIX) - 5  # AWS reserves five per subnet
         room = usable // self.instance.subnet_addresses
-        if self.node_count > room:
+        if self.group_size > room:
             raise ValueError(
-                f"node_count {self.node_count}: the new VPC's GPU subnet (/{PRIVATE_SUBNET_PREFIX}, "
+                f"node_count {self.node_count} + spare_nodes {self.spare_nodes}: the new VPC's GPU subnet (/{PRIVATE_SUBNET_PREFIX}, "
                 f"{usable} addresses) holds at most {room} {self.instance_type} nodes at "
                 f"{self.instance.subnet_addresses} addresses each; deploy into an existing VPC with "
                 "a larger subnet (cluster.vpc_id)"
@@ -337,5 +361,22 @@ class Profile(_Strict):
     @property
     def world_size(self) -> int:
         return self.node_count * self.instance.gpus
+
+    @property
+    def group_size(self) -> int:
+        """Every GPU node of the run: the training nodes and the spares (pods, Auto Scaling
+        group, capacity reservation)."""
+        return self.node_count + self.spare_nodes
+
+    @property
+    def shrink_floor(self) -> int:
+        """The fewest nodes that train: min_nodes, else node_count."""
+        return self.node_count if self.min_nodes is None else self.min_nodes
+
+    @property
+    def elastic(self) -> bool:
+        """Spares or shrinking: only a launcher that restarts workers within the Job can do
+        either (`config.contract.RecoveryMode.launcher_restarts_workers`)."""
+        return self.spare_nodes > 0 or self.shrink_floor < self.node_count
 
 

@@ -43,6 +43,10 @@ ROOT_VOLUME_GIB_WITH_NVME = 200
 ROOT_VOLUME_GIB_WITHOUT_NVME = 500
 SYSTEM_ROOT_VOLUME_GIB = 50
 
+# Image pulls a GPU node's kubelet runs at once (serializeImagePulls off): the trainer image
+# beside the device plugins', the VPC CNI's and the monitoring agents'.
+MAX_PARALLEL_IMAGE_PULLS = 5
+
 # Kubernetes service CIDR, set explicitly so nodeadm's NodeConfig can name it at synth time.
 SERVICE_IPV4_CIDR = "172.20.0.0/16"
 
@@ -85,3 +89,17 @@ JOBSET_CHART_REPO = "oci://registry.k8s.io/jobset/charts/jobset"
 JOBSET_CHART = "jobset"
 JOBSET_VERSION = "0.10.1"
 JOBSET_NAMESPACE = "jobset-system"
+
+# --- GPU node health (infra.constructs.node_health) --------------------------------------------------
+# The EKS node monitoring agent add-on: on every node, it sets the conditions the node-health
+# agent acts on (GPU Xid errors, EFA and network faults, kernel and container runtime problems).
+NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
+NODE_HEALTH_NAMESPACE = "kube-system"
+# A plain Python image from ECR Public (the program is standard library only). Pinned to a
+# release line: bump it here.
+NODE_HEALTH_IMAGE = "public.ecr.aws/docker/library/python:3.12-slim"
+# infra.node_health.agent.Rules: a NotReady node is replaced after 60 s (Kubernetes marks it
+# NotReady after 40-50 s of silence), a hardware condition after 30 s, a booting node is left
+# alone for 15 minutes, one node at a time.
+NODE_HEALTH_RULES = {"NOT_READY_GRACE_S": 60, "HARDWARE_GRACE_S": 30, "BOOT_GRACE_S": 900,
+                     "MAX_AT_ONCE": 1, "POLL_S": 10}

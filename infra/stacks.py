@@ -18,6 +18,7 @@ from infra.constructs.device_plugins import DevicePlugins, DevicePluginsProps
 from infra.constructs.gpu_nodes import GpuNodes, GpuNodesProps
 from infra.constructs.jobset import JobSetController, JobSetProps
 from infra.constructs.network import Network, NetworkProps
+from infra.constructs.node_health import NodeHealth, NodeHealthProps
 from infra.constructs.observability import CloudWatchObservability, ObservabilityProps
 from infra.constructs.registry import Registry, RegistryProps
 from infra.constructs.storage import Storage, StorageProps
@@ -120,6 +121,8 @@ class ClusterStack(cdk.Stack):
         # Nodes become Ready only with the CNI and kube-proxy in place; CoreDNS needs nodes.
         self.system_nodes.nodegroup.node.add_dependency(self.eks.vpc_cni, self.eks.kube_proxy)
         self.eks.add_core_dns(after=self.system_nodes.nodegroup)
+        # Node conditions for GPU, EFA, kernel and runtime faults: the node-health agent's signal.
+        self.node_monitoring = self.eks.add_node_monitoring(after=self.system_nodes.nodegroup)
 
         self.jobset = None
         if profile.workload == "jobset":
@@ -214,13 +217,23 @@ class GpuStack(cdk.Stack):
                 vpc=network.vpc,
                 subnet=network.gpu_subnet,
                 instance=profile.instance,
-                node_count=profile.node_count,
+                node_count=profile.group_size,  # the spares too
                 gpu_ami=profile.cluster.gpu_ami,
                 placement_group=profile.placement_group,
                 capacity_reservation=profile.capacity_reservation,
                 huge_tmpfs=profile.tiers.huge_tmpfs and profile.tiers.node_dir == "shm",
             ),
         )
+        self.node_health = NodeHealth(
+            self,
+            "NodeHealth",
+            NodeHealthProps(
+                cluster=cluster.eks.cluster,
+                auto_scaling_group=self.gpu_nodes.auto_scaling_group,
+                pod_identity_agent=cluster.eks.pod_identity_agent,
+            ),
+        )
         # Nodes become Ready only with the CNI and kube-proxy in place.
         self.add_stack_dependency(cluster)
-        _outputs(self, {"GpuNodeRoleArn": self.gpu_nodes.role.role_arn})
+        _outputs(self, {"GpuNodeRoleArn": self.gpu_nodes.role.role_arn,
+                        "GpuAutoScalingGroupName": self.gpu_nodes.auto_scaling_group.ref})

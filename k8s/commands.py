@@ -19,16 +19,28 @@ def restarts_for(dep: Deployment) -> int:
     return dep.profile.recovery.max_restarts if dep.recovery_mode.launcher_restarts_workers else 0
 
 
+def node_range_argv(dep: Deployment) -> list[str]:
+    """The nodes that train, the fewest they may shrink to and the spares beside them; where
+    the launcher hosts no store (ft_launcher modes) the store pod serves every store. torchrun
+    modes take the node count alone: they have neither spares nor shrinking (k8s.deployment)."""
+    profile = dep.profile
+    argv = ["--nnodes", str(profile.node_count)]
+    if dep.external_store:
+        argv += ["--min_nodes", str(profile.shrink_floor), "--spare_nodes", str(profile.spare_nodes)]
+    return argv
+
+
 def launcher_argv(dep: Deployment) -> list[str]:
     rec = dep.profile.recovery
     return [
         "python", "-m", "trainer.recovery.launch",
         "--mode", dep.mode,
-        "--nnodes", str(dep.profile.node_count),
+        *node_range_argv(dep),
         "--nproc_per_node", str(dep.instance.gpus),
         "--node_rank", f"$({naming.COMPLETION_INDEX_ENV})",
         "--master_addr", dep.master_addr,
         "--master_port", str(naming.RENDEZVOUS_PORT),
+        *(["--external_store"] if dep.external_store else []),
         "--max_restarts", str(restarts_for(dep)),
         "--heartbeat_timeout", fmt(rec.heartbeat_timeout_s),
         "--initial_heartbeat_timeout", fmt(rec.initial_heartbeat_timeout_s),
@@ -56,6 +68,12 @@ def training_command(dep: Deployment) -> tuple[list[str], list[str]]:
     """(command, args) of the training container: launcher flags, '--', trainer flags."""
     argv = launcher_argv(dep)
     return argv[:3], [*argv[3:], "--", *trainer_argv(dep)]
+
+
+def store_command(dep: Deployment) -> list[str]:
+    """The store pod's command: every store of the run on the contract's ports from P."""
+    return ["python", "-m", "trainer.recovery.store_server",
+            "--master_port", str(naming.RENDEZVOUS_PORT), "--host", "0.0.0.0"]  # fmt: skip
 
 
 def data_prep_command(dep: Deployment, num_proc: int) -> tuple[list[str], list[str]]:

@@ -99,10 +99,30 @@ class Deployment:
         return self.job_name
 
     @property
+    def external_store(self) -> bool:
+        """The stores live in the run's store pod, not in node rank 0: every mode whose launcher
+        restarts workers (ft_launcher), so that no training node is special and any node,
+        rank 0's included, can be lost and replaced by a spare."""
+        return self.recovery_mode.launcher_restarts_workers
+
+    @property
+    def store_name(self) -> str:
+        """The store's Deployment, Service and NetworkPolicy."""
+        return naming.store_name(self.run_id)
+
+    @property
     def master_addr(self) -> str:
-        """Rank 0's stable DNS name in subdomain `<service>`, for any node count: hostname
+        """Where the launchers find the stores: the store Service's DNS name, or (torchrun
+        modes) rank 0's stable DNS name in subdomain `<service>`, for any node count: hostname
         `<job>-0` (Indexed Job) or `<jobset>-<replicated job>-0-0` (JobSet)."""
+        if self.external_store:
+            return f"{self.store_name}.{self.namespace}.svc"
         return f"{naming.pod_hostname(self.run_id, 0, self.workload)}.{self.service_name}"
+
+    @property
+    def pod_count(self) -> int:
+        """Training pods: one per node of the group, spares included."""
+        return self.profile.group_size
 
     @property
     def fsx_mount(self) -> str:
@@ -182,11 +202,41 @@ def trainer_settings(dep: Deployment) -> TrainConfig:
             resume="auto")  # a restarted pod resumes; a new run starts in an empty directory
     except ValidationError as exc:
         raise SynthError(f"{where}: {describe(exc, lambda name: f'trainer.{name}')}") from None
-    world = dep.profile.world_size
-    problem = train.global_batch_size and batch_problem(train.global_batch_size, train.batch_size, world)
+    problem = batch_problem_when_shrunk(dep.profile, train)
     if problem:
         raise SynthError(f"{where}: {problem.replace('--batch_size', 'trainer.batch_size')}")
     return train
+
+
+def batch_problem_when_shrunk(profile: Profile, train: TrainConfig) -> str | None:
+    """Why some world the run may train at cannot keep the global batch exact, or None.
+
+    Training shrinks one lost node at a time, so it may meet every node count from node_count
+    down to min_nodes; the trainer splits the global batch into equal micro-batches only (no
+    uneven ones), so each of those worlds must divide it. A global batch of 0 is batch_size x
+    the world at the first start: the full node count."""
+    gpus = profile.gpus_per_node
+    global_batch = train.global_batch_size or train.batch_size * profile.world_size
+    for nodes in range(profile.node_count, profile.shrink_floor - 1, -1):
+        problem = batch_problem(global_batch, train.batch_size, nodes * gpus)
+        if problem is None:
+            continue
+        if nodes == profile.node_count:
+            return problem
+        return f"min_nodes {profile.shrink_floor} lets training shrink to {nodes} nodes, where the {problem}"
+    return None
+
+
+def check_elastic(profile: Profile, mode: str) -> None:
+    """Spares and shrinking need a launcher that restarts the workers inside the Job
+    (ft_launcher); under torchrun a lost node ends every pod, so a spare would only wait."""
+    if not profile.elastic or RecoveryMode(mode).launcher_restarts_workers:
+        return
+    allowed = ", ".join(m.value for m in RecoveryMode if m.launcher_restarts_workers)
+    what = (f"spare_nodes {profile.spare_nodes}" if profile.spare_nodes
+            else f"min_nodes {profile.shrink_floor} below node_count {profile.node_count}")
+    raise SynthError(f"profile {profile.name!r}: {what} needs a mode whose launcher restarts "
+                     f"workers within the Job ({allowed}), not {mode}")
 
 
 def _check_mode(mode: str) -> str:
@@ -216,9 +266,10 @@ def resolve(
 ) -> Deployment:
     """Combine profile, outputs and CLI choices; raise SynthError naming the first bad value."""
     chosen_mode = _check_mode(mode or profile.recovery.mode)
+    check_elastic(profile, chosen_mode)
     check_outputs_match(profile, out)
     rid = naming.validate_run_id(
-        run_id or naming.default_run_id(chosen_mode, now), profile.node_count, profile.workload
+        run_id or naming.default_run_id(chosen_mode, now), profile.group_size, profile.workload
     )
     node_local = None
     if profile.tiers.node_dir == "nvme":

@@ -24,6 +24,8 @@ COMPONENT_DATA_PREP = "data-prep"
 COMPONENT_RESULTS = "results"
 COMPONENT_WATCH = "watch"
 COMPONENT_EXPORT = "export"
+COMPONENT_STORE = "store"
+COMPONENT_PREPULL = "prepull"
 
 # Set by the Job controller on Indexed Job pods (label since 1.28, annotation since 1.21).
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
@@ -62,11 +64,20 @@ RENDEZVOUS_PORT = contract.DEFAULT_MASTER_PORT  # torchrun / ft_launcher rendezv
 INPROCESS_WRAPPER_PORT = contract.wrapper_store_port(RENDEZVOUS_PORT)  # the NVRx Wrapper's store
 INPROCESS_APP_PORT = contract.app_store_port(RENDEZVOUS_PORT)  # the in-process application store
 METRICS_PORT = contract.METRICS_PORT  # each training pod's Prometheus /metrics (its launcher)
+# The stores on those ports, by port name: served by node rank 0's launcher (torchrun modes) or
+# by the run's store pod (ft_launcher modes).
+STORE_PORTS = (
+    ("rendezvous", RENDEZVOUS_PORT),
+    ("inproc-wrapper", INPROCESS_WRAPPER_PORT),
+    ("inproc-app", INPROCESS_APP_PORT),
+)
 METRICS_PORT_NAME = "metrics"
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_LABEL_MAX = 63
 TRAIN_PREFIX = "train-"
+STORE_SUFFIX = "-store"
+PREPULL_DAEMONSET = "prepull-trainer-image"
 RESULTS_PREFIX = "results-"
 WATCH_PREFIX = "watch-"
 EXPORT_PREFIX = "export-"
@@ -99,14 +110,20 @@ def validate_run_id(run_id: str, node_count: int, workload: str = "job") -> str:
         raise SynthError(
             f"run id {run_id!r} must be lowercase letters, digits and '-', starting and ending with a letter or digit"
         )
-    hostname = pod_hostname(run_id, node_count - 1, workload)
-    if len(hostname) > _DNS_LABEL_MAX:
-        limit = len(run_id) - (len(hostname) - _DNS_LABEL_MAX)
-        raise SynthError(
-            f"run id {run_id!r} is too long: pod hostname {hostname!r} exceeds 63 characters "
-            f"(use at most {limit} characters)"
-        )
+    for what, name in (("pod hostname", pod_hostname(run_id, node_count - 1, workload)),
+                       ("store Service", store_name(run_id))):
+        if len(name) > _DNS_LABEL_MAX:
+            limit = len(run_id) - (len(name) - _DNS_LABEL_MAX)
+            raise SynthError(
+                f"run id {run_id!r} is too long: {what} {name!r} exceeds 63 characters "
+                f"(use at most {limit} characters)"
+            )
     return run_id
+
+
+def store_name(run_id: str) -> str:
+    """The run's store pod's Deployment, its Service (a DNS label) and its NetworkPolicy."""
+    return f"{train_job_name(run_id)}{STORE_SUFFIX}"
 
 
 def train_job_name(run_id: str) -> str:
@@ -139,3 +156,13 @@ def run_labels(run_id: str, mode: str) -> dict[str, str]:
 def run_selector(run_id: str) -> dict[str, str]:
     """The smallest label set that picks exactly one run's training pods."""
     return {LABEL_COMPONENT: COMPONENT_TRAIN, LABEL_RUN_ID: run_id}
+
+
+def store_labels(run_id: str, mode: str) -> dict[str, str]:
+    """The store pod's: the run's labels under another component, so that the training
+    Service, NetworkPolicy and anti-affinity never select it."""
+    return {**run_labels(run_id, mode), LABEL_COMPONENT: COMPONENT_STORE}
+
+
+def store_selector(run_id: str) -> dict[str, str]:
+    return {LABEL_COMPONENT: COMPONENT_STORE, LABEL_RUN_ID: run_id}

@@ -126,16 +126,22 @@ def system_node_selector() -> dict[str, str]:
     return {naming.NODE_GROUP_LABEL: naming.NODE_GROUP_SYSTEM}
 
 
+def gpu_taint_toleration() -> k8s.Toleration:
+    """The GPU nodes' taint: only pods that tolerate it run there."""
+    return k8s.Toleration(
+        key=naming.GPU_TAINT_KEY,
+        operator="Equal",
+        value=naming.GPU_TAINT_VALUE,
+        effect=naming.GPU_TAINT_EFFECT,
+    )
+
+
 def gpu_tolerations() -> list[k8s.Toleration]:
     """The GPU taint, and a short stay on a lost node: Kubernetes' default keeps a pod bound to
-    an unreachable node for 300 s, and the gang cannot restart before it is evicted."""
+    an unreachable node for 300 s; evicted, a lost pod is replaced (at once in the ft_launcher
+    modes, which take in a spare meanwhile), and a torchrun gang can restart."""
     return [
-        k8s.Toleration(
-            key=naming.GPU_TAINT_KEY,
-            operator="Equal",
-            value=naming.GPU_TAINT_VALUE,
-            effect=naming.GPU_TAINT_EFFECT,
-        ),
+        gpu_taint_toleration(),
         *(
             k8s.Toleration(
                 key=key,

@@ -13,6 +13,7 @@ exact kubectl commands (and, for `synth`, the manifests) without touching a clus
     nvrx-eks stop --profile p5 --run-id <id>
     nvrx-eks lost-node --profile p5 --node <node> # force-delete the pods of a dead node
     nvrx-eks plan --profile p5 --nodes 2,16,128,1024 --step-seconds 1   # capacity at scale
+    nvrx-eks plan --profile p5 --nodes 16,256 --spares 1 --failure-rate 0.37  # what spares save
     nvrx-eks cleanup --profile p5               # before `cdk destroy`
 """
 
@@ -39,12 +40,14 @@ from k8s.errors import SynthError
 from k8s.image import trainer_image
 from k8s.outputs import StackOutputs, default_outputs_path, load_outputs
 from scripts import plan as planning
+from scripts import spares as sparing
 from scripts.kubectl import Kubectl, KubectlFailed, WrapperError
 
 PROG = "nvrx-eks"
 PART_OF_SELECTOR = f"{naming.LABEL_PART_OF}={naming.PART_OF}"
 TRAIN_SELECTOR = f"{PART_OF_SELECTOR},{naming.LABEL_COMPONENT}={naming.COMPONENT_TRAIN}"
 DELETE_TIMEOUT = "15m"
+STORE_KINDS = ("deployment", "service", "poddisruptionbudget", "networkpolicy")  # k8s.charts.store
 READY_TIMEOUT = "10m"
 WAIT_POLL_S = 10.0
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -255,8 +258,9 @@ def rank_pod_lookup(run_id: str, rank: int) -> list[str]:
 
 def cmd_logs(s: Session) -> int:
     run_id = s.run_id_or_latest()
-    if not 0 <= s.args.rank < s.profile.node_count:
-        raise WrapperError(f"--rank {s.args.rank} is not a node rank of {s.profile.node_count} nodes")
+    if not 0 <= s.args.rank < s.profile.group_size:
+        raise WrapperError(f"--rank {s.args.rank} is not a node rank of {s.profile.group_size} nodes "
+                           f"({s.profile.node_count} training, {s.profile.spare_nodes} spare)")
     logs = ["logs", "--container", naming.TRAINER_CONTAINER] + (["--follow"] if s.args.follow else [])
     lookup = rank_pod_lookup(run_id, s.args.rank)
     if s.kubectl.dry_run:
@@ -348,7 +352,7 @@ def cmd_export(s: Session) -> int:
 
 def cmd_stop(s: Session) -> int:
     """Delete the run's Job (or JobSet) with foreground cascade, so its pods go first, then its
-    Service, ConfigMap and NetworkPolicy; FSx data stays."""
+    Service, ConfigMap and NetworkPolicy, then its store pod's objects; FSx data stays."""
     run_id = s.run_id_or_latest()
     name = naming.train_job_name(run_id)
     s.kubectl.run(
@@ -357,6 +361,8 @@ def cmd_stop(s: Session) -> int:
     )  # fmt: skip
     s.kubectl.run("delete", ",".join(("service", "configmap", "networkpolicy", *s.monitor_kinds)), name,
                   "--ignore-not-found")
+    # the store pod goes after the launchers it served (ft_launcher modes; none elsewhere)
+    s.kubectl.run("delete", ",".join(STORE_KINDS), naming.store_name(run_id), "--ignore-not-found")
     s.kubectl.show(f"# stopped {run_id}; its checkpoints and metrics stay in FSx under runs/{run_id}")
     return 0
 
@@ -373,6 +379,10 @@ def cmd_cleanup(s: Session) -> int:
         "delete", "jobs", "--selector", PART_OF_SELECTOR,
         "--cascade=foreground", "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}",
     )  # fmt: skip
+    # the store pods' Deployments and the pre-pull DaemonSet, whose controllers would recreate
+    # the pods deleted next
+    k.run("delete", "deployments,daemonsets", "--selector", PART_OF_SELECTOR, "--cascade=foreground",
+          "--wait=true", "--ignore-not-found", f"--timeout={DELETE_TIMEOUT}")
     k.run(
         "delete",
         "pods",
@@ -384,7 +394,8 @@ def cmd_cleanup(s: Session) -> int:
     )
     k.run(
         "delete",
-        ",".join(("networkpolicies", "services", "configmaps", "serviceaccounts", *s.monitor_kinds)),
+        ",".join(("networkpolicies", "services", "configmaps", "serviceaccounts", "poddisruptionbudgets",
+                  *s.monitor_kinds)),
         "--selector",
         PART_OF_SELECTOR,
         "--ignore-not-found",
@@ -395,8 +406,10 @@ def cmd_cleanup(s: Session) -> int:
 
 def cmd_lost_node(s: Session) -> int:
     """Force-delete our pods bound to a node that is gone. The node lifecycle controller evicts
-    them only after the toleration (60 s) and cannot finish a deletion the dead kubelet never
-    confirms; until the pods are gone their Jobs do not replace them."""
+    them after the toleration (10 s) but cannot finish a deletion the dead kubelet never
+    confirms: the old pods stay until the Node object is deleted. The ft_launcher modes'
+    replacements start anyway (TerminatingOrFailed); the torchrun modes' wait for this. The
+    instance itself is replaced by the node-health agent (infra.constructs.node_health)."""
     node = s.args.node
     if not _NODE_NAME.fullmatch(node):
         raise WrapperError(f"--node {node!r} is not a Kubernetes node name")
@@ -432,11 +445,27 @@ def cmd_plan(s: Session) -> int:
     except ValueError as exc:
         raise WrapperError(f"profile {s.profile.name!r}: {exc}") from None
     lines, warnings = planning.report(the_plan, s.profile.name)
+    lines += ["", *sparing.report(spares_plan(s, nodes), planning.LABEL_WIDTH, planning.COLUMN_WIDTH)]
     for line in lines:
         s.kubectl.show(line)
     for warning in warnings:
         s.kubectl.show(f"warning: {warning}")
     return 0
+
+
+def spares_plan(s: Session, nodes: list[int]) -> sparing.SparesPlan:
+    """What the spares cost and save, from --spares, --failure-rate and --node-price."""
+    args = s.args
+    if args.spares is not None and args.spares < 0:
+        raise WrapperError(f"--spares {args.spares} must be 0 or more")
+    if args.failure_rate <= 0:
+        raise WrapperError(f"--failure-rate {args.failure_rate:g} must be positive (per 1,000 GPU-days)")
+    if args.node_price is not None and args.node_price <= 0:
+        raise WrapperError(f"--node-price {args.node_price:g} must be positive (USD per node-hour)")
+    try:
+        return sparing.make_spares_plan(s.profile, nodes, args.spares, args.failure_rate, args.node_price)
+    except ValueError as exc:
+        raise WrapperError(f"profile {s.profile.name!r}: {exc}") from None
 
 
 COMMANDS: dict[str, Callable[[Session], int]] = {
@@ -523,6 +552,14 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--nodes", help="node counts, e.g. 16 or 2,16,128,1024 (default: the profile's)")
             cmd.add_argument("--step-seconds", type=float,
                              help="expected step time: the write bandwidth FSx must sustain")
+            cmd.add_argument("--spares", type=int,
+                             help="hot spares to price (default: the profile's spare_nodes, else 1)")
+            cmd.add_argument("--failure-rate", type=float, default=sparing.DEFAULT_FAILURE_RATE,
+                             help="node failures per 1,000 GPU-days (default "
+                                  f"{sparing.DEFAULT_FAILURE_RATE:.3f}: Llama 3's 419 interruptions in "
+                                  "54 days on 16,384 GPUs, 78 %% hardware)")
+            cmd.add_argument("--node-price", type=float,
+                             help="USD per node-hour (default: the instance's On-Demand price on record)")
     return parser
 
 

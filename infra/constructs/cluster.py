@@ -187,6 +187,14 @@ class EksCluster(Construct):
         core_dns.node.add_dependency(after)
         return core_dns
 
+    def add_node_monitoring(self, after: IDependable) -> eks.CfnAddon:
+        """The EKS node monitoring agent: a DaemonSet on every node that reports GPU (Xid, NVML),
+        EFA and network, storage, kernel and container-runtime faults as Node conditions, which
+        the node-health agent turns into instance replacements (infra.constructs.node_health)."""
+        addon = self._addon("NodeMonitoring", c.NODE_MONITORING_ADDON)
+        addon.node.add_dependency(after)
+        return addon
+
     def _acknowledge_cdk_internals(self) -> None:
         """Findings on resources aws_eks_v2 creates for itself (cluster role, kubectl handler)."""
         acknowledge(

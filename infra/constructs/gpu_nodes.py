@@ -48,7 +48,11 @@ def node_config(
             "cidr": c.SERVICE_IPV4_CIDR,
         },
         "kubelet": {
-            "config": {"maxPods": max_pods},
+            # Parallel pulls: the trainer image (tens of GB, pre-pulled by the manifests'
+            # DaemonSet as soon as the node is Ready) must not queue the small device-plugin
+            # images behind it, or a new node advertises no GPU until the big pull is done.
+            "config": {"maxPods": max_pods, "serializeImagePulls": False,
+                       "maxParallelImagePulls": c.MAX_PARALLEL_IMAGE_PULLS},
             "flags": [
                 f"--node-labels={label_key}={label_value}",
                 f"--register-with-taints={taint_key}={taint_value}:{taint_effect}",
@@ -121,7 +125,7 @@ class GpuNodesProps:
     vpc: ec2.IVpc
     subnet: ec2.ISubnet
     instance: InstanceSpec
-    node_count: int
+    node_count: int  # every node of the group: the training nodes and the spares
     gpu_ami: str
     placement_group: bool
     capacity_reservation: Optional[CapacityReservation]
@@ -129,7 +133,8 @@ class GpuNodesProps:
 
 
 class GpuNodes(Construct):
-    """A fixed-size Auto Scaling group of GPU nodes joined through nodeadm.
+    """A fixed-size Auto Scaling group of GPU nodes joined through nodeadm: the profile's
+    training nodes and its spares (node_count + spare_nodes).
 
     The launch template lists one network interface per slot of
     `config.network_interface_layout` (p5: the ENA primary plus 32 EFA-only interfaces), in a
@@ -147,6 +152,7 @@ class GpuNodes(Construct):
     launch_template: ec2.CfnLaunchTemplate
     auto_scaling_group: autoscaling.CfnAutoScalingGroup
     placement_group: Optional[ec2.PlacementGroup]
+    capacity_reservation: Optional[ec2.CfnCapacityReservation]  # the one this group created
     access_entry: eks.AccessEntry
 
     def __init__(self, scope: Construct, construct_id: str, props: GpuNodesProps) -> None:
@@ -238,9 +244,7 @@ class GpuNodes(Construct):
             )
             if self.placement_group
             else None,
-            capacity_reservation_specification=self._capacity_reservation(
-                props.capacity_reservation
-            ),
+            capacity_reservation_specification=self._capacity_reservation(props),
             instance_market_options=ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
                 market_type="capacity-block"
             )
@@ -270,6 +274,11 @@ class GpuNodes(Construct):
                 launch_template_id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number,
             ),
+            # EC2's status checks pass on a wedged node (hung kubelet, GPU Xid, EFA fault): the
+            # node-health agent marks those Unhealthy through SetInstanceHealth, which the
+            # group acts on whatever its health check type (infra.constructs.node_health). A
+            # fixed-size group terminates the instance, then launches its replacement into
+            # the slot that frees in the capacity reservation.
             health_check_type="EC2",
             tags=[
                 autoscaling.CfnAutoScalingGroup.TagPropertyProperty(
@@ -291,14 +300,44 @@ class GpuNodes(Construct):
             ),
         )
 
-    @staticmethod
     def _capacity_reservation(
-        reservation: Optional[CapacityReservation],
+        self, props: GpuNodesProps
     ) -> Optional[ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty]:
+        """The profile's reservation, or one created for exactly the group's size (training
+        nodes and spares): a replaced instance frees its slot when it terminates, and the Auto
+        Scaling group launches the replacement into that slot."""
+        self.capacity_reservation = None
+        reservation: Optional[CapacityReservation] = props.capacity_reservation
         if reservation is None:
             return None
+        reservation_id = reservation.id
+        if reservation.created:
+            self.capacity_reservation = self._create_reservation(props)
+            reservation_id = self.capacity_reservation.ref
         return ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
             capacity_reservation_target=ec2.CfnLaunchTemplate.CapacityReservationTargetProperty(
-                capacity_reservation_id=reservation.id
+                capacity_reservation_id=reservation_id
             )
+        )
+
+    def _create_reservation(self, props: GpuNodesProps) -> ec2.CfnCapacityReservation:
+        """A targeted On-Demand Capacity Reservation (only this launch template uses it), with
+        no end date, in the cluster placement group where there is one. It is billed from
+        creation whether instances run in it or not, as the instances would be."""
+        placement = None
+        if self.placement_group is not None:
+            placement = cdk.Stack.of(self).format_arn(
+                service="ec2", resource="placement-group",
+                resource_name=self.placement_group.placement_group_name,
+            )
+        return ec2.CfnCapacityReservation(
+            self,
+            "CapacityReservation",
+            instance_type=props.instance.instance_type,
+            instance_platform="Linux/UNIX",
+            availability_zone=props.subnet.availability_zone,
+            instance_count=props.node_count,
+            instance_match_criteria="targeted",
+            end_date_type="unlimited",
+            placement_group_arn=placement,
         )

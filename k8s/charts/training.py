@@ -1,9 +1,11 @@
 """One training run: its settings ConfigMap, headless Service, NetworkPolicy and Indexed Job
-(or, with `workload: jobset`, a JobSet around that Job, which creates the Service itself), and
+(or, with `workload: jobset`, a JobSet around that Job, which creates the Service itself), in
+the ft_launcher modes the run's store pod before them (`k8s.charts.store`), and
 with `observability.pod_monitor` a PodMonitor for the Prometheus operator. Every pod serves
 /metrics and says so in the conventional `prometheus.io/*` annotations.
 
-Every object is named `train-<run-id>`, so runs coexist and the wrapper can address one run.
+Every object is named `train-<run-id>` (the store's `train-<run-id>-store`), so runs coexist
+and the wrapper can address one run. The Job runs node_count + spare_nodes pods, one per node.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from config.contract import METRICS_PATH
 
 from k8s import checkov, commands, image, naming, network_policy, pod, restart_policy
 from k8s.charts.base import meta
+from k8s.charts.store import add_store
 from k8s.deployment import (
     CONFIG_MOUNT,
     HF_TOKEN_MOUNT,
@@ -31,11 +34,7 @@ from k8s.deployment import (
 from k8s.environment import training_env
 from k8s.resources import CPU_LIMIT_SKIP, check_memory_budget, gib_quantity, shm_size_gib, training_resources
 
-PORTS = (
-    ("rendezvous", naming.RENDEZVOUS_PORT),
-    ("inproc-wrapper", naming.INPROCESS_WRAPPER_PORT),
-    ("inproc-app", naming.INPROCESS_APP_PORT),
-)
+PORTS = naming.STORE_PORTS
 POD_MONITOR_API_VERSION = "monitoring.coreos.com/v1"
 SCRAPE_INTERVAL = "30s"
 # Pod labels a PodMonitor copies onto every series: which run, and which node of it.
@@ -60,6 +59,7 @@ def settings_document(dep: Deployment) -> str:
         "mode": dep.mode,
         "job": dep.job_name,
         "master_addr": dep.master_addr,
+        "external_store": dep.external_store,
         "run_dir": dep.run_dir,
         "image": dep.image.reference,
         "instance": asdict(dep.instance),
@@ -77,6 +77,8 @@ class TrainingChart(Chart):
         self.run_labels = naming.run_labels(dep.run_id, dep.mode)
         self.selector = naming.run_selector(dep.run_id)
         self._config_map()
+        if dep.external_store:
+            add_store(self, dep)  # first in the file: the store is up before the launchers
         self._network_policy()
         if dep.workload == "jobset":
             self._jobset()
@@ -133,14 +135,16 @@ class TrainingChart(Chart):
         monitor.add_json_patch(JsonPatch.add("/spec", spec))
 
     def _job_spec(self, backoff_limit: int) -> k8s.JobSpec:
-        nodes = self.dep.profile.node_count
+        """One pod per node of the group: completion index i is node rank i, spares included
+        (the launchers decide which of them train)."""
+        pods = self.dep.pod_count
         return k8s.JobSpec(
             completion_mode="Indexed",
-            completions=nodes,
-            parallelism=nodes,
+            completions=pods,
+            parallelism=pods,
             backoff_limit=backoff_limit,
-            pod_failure_policy=restart_policy.pod_failure_policy(),
-            pod_replacement_policy="Failed",
+            pod_failure_policy=restart_policy.training_pod_failure_policy(self.dep),
+            pod_replacement_policy=restart_policy.pod_replacement_policy(self.dep),
             template=k8s.PodTemplateSpec(
                 metadata=k8s.ObjectMeta(labels=self.run_labels, annotations=scrape_annotations()),
                 spec=self._pod_spec(),
@@ -152,10 +156,13 @@ class TrainingChart(Chart):
         k8s.KubeJob(self, "job", metadata=metadata, spec=self._job_spec(restart_policy.backoff_limit(self.dep)))
 
     def _jobset(self) -> None:
-        """A JobSet of one Indexed Job (one pod per node). The Job tolerates no failure
-        (backoffLimit 0): the first failed pod fails it, and the JobSet's failure policy then
-        restarts every pod of the run at once, up to recovery.backoff_limit times."""
-        job = k8s.KubeJob.manifest(metadata=self._meta(), spec=self._job_spec(0))
+        """A JobSet of one Indexed Job (one pod per node). In the torchrun modes the Job
+        tolerates no failure (backoffLimit 0): the first failed pod fails it, and the JobSet's
+        failure policy then restarts every pod of the run at once, up to
+        recovery.backoff_limit times. In the ft_launcher modes a lost pod is replaced within
+        the Job, as in a plain Job (`k8s.restart_policy`)."""
+        job = k8s.KubeJob.manifest(metadata=self._meta(),
+                                   spec=self._job_spec(restart_policy.jobset_child_backoff_limit(self.dep)))
         jobset = ApiObject(
             self,
             "jobset",

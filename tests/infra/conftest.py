@@ -160,6 +160,14 @@ VARIANTS: dict[str, Callable[[], tuple[Profile, dict[str, Any]]]] = {
         ),
         {},
     ),
+    # One hot spare and a capacity reservation the stack creates for the whole group.
+    "p5-spares": lambda: (
+        profile_from_dict(
+            raw_profile("p5")
+            | {"name": "p5spare", "spare_nodes": 1, "capacity_reservation": {}}
+        ),
+        {},
+    ),
     # The JobSet workload and the CloudWatch add-on, with a public endpoint limited to one network.
     "p4de-jobset": lambda: (
         profile_from_dict(

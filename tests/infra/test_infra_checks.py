@@ -15,7 +15,7 @@ from tests.checkov import scan
 
 pytestmark = pytest.mark.slow  # cfn-lint, cdk-nag and checkov over every stack
 
-VARIANTS = ["p5", "p4de", "g5-dev", "p5-capacity-block", "p4de-existing-vpc", "p5-persistent"]
+VARIANTS = ["p5", "p4de", "g5-dev", "p5-capacity-block", "p4de-existing-vpc", "p5-persistent", "p5-spares"]
 
 # Accepted cfn-lint warnings (no errors are accepted):
 # - W3005 "dependency already enforced by a Ref/GetAtt": CDK's own constructs (kubectl provider,

@@ -35,12 +35,15 @@ def test_gpu_capacity_lives_in_its_own_stack(synth, variant):
     assert not s.resources("cluster", "AWS::EC2::PlacementGroup")
     assert len(s.resources("gpu", "AWS::AutoScaling::AutoScalingGroup")) == 1
     assert len(s.resources("gpu", "AWS::EC2::PlacementGroup")) == 1
-    # Only GPU node resources: nothing a capacity failure could take down with it.
+    # Only GPU node resources: nothing a capacity failure could take down with it. The
+    # node-health agent (role, policy, Pod Identity, its manifest) serves these nodes alone.
     kinds = {r["Type"] for r in s.templates["gpu"]["Resources"].values()}
     assert kinds <= {
         "AWS::IAM::Role", "AWS::IAM::InstanceProfile", "AWS::EKS::AccessEntry",
         "AWS::EC2::SecurityGroup", "AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress",
         "AWS::EC2::PlacementGroup", "AWS::EC2::LaunchTemplate", "AWS::AutoScaling::AutoScalingGroup",
+        "AWS::EC2::CapacityReservation", "AWS::IAM::Policy", "AWS::EKS::PodIdentityAssociation",
+        "Custom::AWSCDK-EKS-KubernetesResource",
     }  # fmt: skip
 
 

@@ -25,6 +25,7 @@ CONTRACT_OUTPUTS = {
     "FsxPvcName",
     "EcrRepositoryUri",
     "GpuNodeRoleArn",
+    "GpuAutoScalingGroupName",
     "NodeLocalDir",
 }
 
@@ -124,6 +125,7 @@ def test_core_addons_and_pod_identity(synth, variant):
         "coredns",
         "eks-pod-identity-agent",
         c.FSX_CSI_ADDON,
+        c.NODE_MONITORING_ADDON,
     }
     # CoreDNS waits for the system node group (a Deployment with no nodes leaves it DEGRADED).
     nodegroup_id, _ = s.one("cluster", "AWS::EKS::Nodegroup")
@@ -297,11 +299,11 @@ def test_gpu_user_data_joins_labels_taints_raids_and_reserves_hugepages(synth, v
     assert (f"w {c.SHMEM_THP_KNOB} - - - - force' > {c.SHMEM_THP_TMPFILES}" in text) == huge
 
 
-@pytest.mark.parametrize("variant", ["p5", "p4de", "p5-capacity-block"])
+@pytest.mark.parametrize("variant", ["p5", "p4de", "p5-capacity-block", "p5-spares"])
 def test_gpu_asg_is_fixed_size_in_the_gpu_subnet(synth, variant):
     s = synth(variant)
     asg = gpu_asg(s)
-    n = str(s.profile.node_count)
+    n = str(s.profile.node_count + s.profile.spare_nodes)  # the spares are nodes of the group
     assert (asg["MinSize"], asg["MaxSize"], asg["DesiredCapacity"]) == (n, n, n)
     (subnet_ref,) = asg["VPCZoneIdentifier"]
     subnet = resolve_subnet(s, subnet_ref)

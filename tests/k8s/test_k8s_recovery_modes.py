@@ -14,8 +14,12 @@ def test_job_level_restart_policy(synthesis) -> None:
     rec, nodes = synthesis.dep.profile.recovery, synthesis.dep.profile.node_count
     assert synthesis.pod_spec["restartPolicy"] == "Never"
     assert spec["backoffLimit"] == rec.backoff_limit * nodes  # one gang restart fails every pod
-    assert spec["podReplacementPolicy"] == "Failed"
     assert "backoffLimitPerIndex" not in spec
+    if synthesis.dep.recovery_mode.launcher_restarts_workers:
+        # a lost pod's replacement starts at once and joins as a spare (test_k8s_spares)
+        assert spec["podReplacementPolicy"] == "TerminatingOrFailed" and "podFailurePolicy" not in spec
+        return
+    assert spec["podReplacementPolicy"] == "Failed"
     rules = spec["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     assert rules[1]["action"] == "FailJob"

@@ -22,11 +22,14 @@ def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
     from trainer.recovery.launch import parse
 
     dep = synthesis.dep
-    last_rank = str(dep.profile.node_count - 1)
+    last_rank = str(dep.pod_count - 1)
     args = [a.replace(f"$({naming.COMPLETION_INDEX_ENV})", last_rank) for a in synthesis.trainer["args"]]
     spec, trainer_args = parse(args)
     assert (spec.mode, spec.node_rank, spec.master_addr) == (dep.mode, int(last_rank), dep.master_addr)
     assert (spec.nnodes, spec.nproc_per_node) == (dep.profile.node_count, dep.instance.gpus)
+    if dep.external_store:  # the node range and the store pod (`--external_store`)
+        assert (spec.min_nodes, spec.spare_nodes) == (dep.profile.shrink_floor, dep.profile.spare_nodes)
+        assert spec.external_store is True
     assert spec.max_restarts == commands.restarts_for(dep)
     cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)  # FSx is not here
     assert cfg.checkpoint_dir == dep.checkpoint_dir
@@ -111,3 +114,18 @@ def test_the_profiles_data_section_reaches_data_prep(outputs_file, monkeypatch: 
     }
     # another field is other data: its own directory
     assert dep.data_dir == "/fsx/data/hf-huggingfacefw-fineweb-edu-sample-10bt.byte.5000.content"
+
+
+def test_the_store_pods_command_is_the_store_servers(synth_for) -> None:
+    """The store pod runs what the store server parses, and opens exactly the ports it serves."""
+    from trainer.recovery.store_server import parse, store_ports
+
+    synthesis = synth_for("p5", "ft_launcher+inprocess")
+    deployment = synthesis.one("Deployment", naming.COMPONENT_STORE)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "trainer.recovery.store_server"]
+    args = parse(container["args"])
+    assert args.master_port == int(synthesis.args_value("--master_port"))
+    assert [p["containerPort"] for p in container["ports"]] == store_ports(args.master_port)
+    service = synthesis.one("Service", naming.COMPONENT_STORE)
+    assert [p["port"] for p in service["spec"]["ports"]] == store_ports(args.master_port)

@@ -18,7 +18,7 @@ from scripts.plan import make_plan
 
 def test_indexed_job_spans_every_node(synthesis) -> None:
     spec = synthesis.job["spec"]
-    nodes = synthesis.dep.profile.node_count
+    nodes = synthesis.dep.profile.node_count + synthesis.dep.profile.spare_nodes
     assert spec["completionMode"] == "Indexed"
     assert spec["parallelism"] == spec["completions"] == nodes
 
@@ -33,10 +33,14 @@ def test_subdomain_pairs_with_headless_service(synthesis) -> None:
     assert naming.RENDEZVOUS_PORT in {p["port"] for p in service["spec"]["ports"]}
 
 
-def test_rank_zero_address_is_first_index_in_the_service(synthesis) -> None:
+def test_the_stores_address_is_the_store_service_or_the_first_index(synthesis) -> None:
     job_name = synthesis.job["metadata"]["name"]
-    service_name = synthesis.one("Service")["metadata"]["name"]
-    assert synthesis.args_value("--master_addr") == f"{job_name}-0.{service_name}"
+    if synthesis.dep.external_store:
+        store = synthesis.one("Service", naming.COMPONENT_STORE)["metadata"]
+        assert synthesis.args_value("--master_addr") == f"{store['name']}.{store['namespace']}.svc"
+    else:
+        service_name = synthesis.one("Service")["metadata"]["name"]
+        assert synthesis.args_value("--master_addr") == f"{job_name}-0.{service_name}"
     assert synthesis.args_value("--master_port") == str(naming.RENDEZVOUS_PORT)
 
 

@@ -31,9 +31,10 @@ def test_newest_bundled_schema_is_checked() -> None:
 
 def test_all_parts_are_synthesized(synthesis) -> None:
     kinds = sorted(d["kind"] for d in synthesis.docs())
+    store = ["Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"] if synthesis.dep.external_store else []
     assert kinds == sorted(
-        ["Namespace", "ServiceAccount", "Job", "ConfigMap", "Service", "Job", "Pod", "Pod", "Job"]
-        + ["NetworkPolicy"] * 5
+        ["Namespace", "ServiceAccount", "DaemonSet", "Job", "ConfigMap", "Service", "Job", "Pod", "Pod", "Job"]
+        + ["NetworkPolicy"] * 6 + store
     )
 
 

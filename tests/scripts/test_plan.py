@@ -13,6 +13,7 @@ from config import fsx, load_profile
 from config.contract import TERMINATION_GRACE_FLOOR_S, RecoveryMode
 from scripts import fsx_metadata, recovery_estimate
 from scripts import plan as planning
+from scripts import spares as sparing
 from scripts.nvrx_eks import main
 
 PARAMS_8B = 8_030_261_248  # Llama 3.1 8B: 2 x 128256 x 4096 embeddings + 32 layers + final norm
@@ -180,3 +181,85 @@ def test_plan_warns_when_the_metadata_servers_fall_behind(outputs: Path, capsys)
 def test_plan_refuses_bad_node_counts(nodes, message, capsys) -> None:
     assert main(["plan", "--profile", "p5", "--nodes", nodes]) == 2
     assert capsys.readouterr().err.strip() == f"nvrx-eks: error: {message}"
+
+
+# --- hot spares: cost against the goodput they save (scripts.spares) ---------------------------------
+def test_the_default_failure_rate_is_llama3s_hardware_interruptions() -> None:
+    """419 interruptions in 54 days on 16,384 GPUs, 78 % hardware: 326.82 / 884,736 GPU-days."""
+    assert sparing.DEFAULT_FAILURE_RATE == pytest.approx(419 * 0.78 / (54 * 16_384) * 1000)
+    assert sparing.DEFAULT_FAILURE_RATE == pytest.approx(0.36940, abs=1e-5)
+
+
+def test_spares_arithmetic_by_hand() -> None:
+    """p5 (8 GPUs, $55.04 an hour), one spare, 1,024 training nodes at the default rate."""
+    plan = sparing.make_spares_plan(load_profile("p5"), [1024], spares=1)
+    (col,) = plan.columns
+    assert plan.replacement_s == 50 + 10 + 450 + 450 == 960  # 16 min
+    # ft_launcher+inprocess: the collective timeout min(60, 90 x 2/3) = 60 s, then ft_launcher's
+    # measured restart without its restore: the median of 8.43-0.216, 7.12-0.209, 6.54-0.196, 6.16-0.204
+    measured = statistics.median([8.43 - 0.216, 7.12 - 0.209, 6.54 - 0.196, 6.16 - 0.204])
+    assert plan.with_spare_s == pytest.approx(60 + measured)  # 66.6 s
+    per_day = 0.369397 * 8 * 1024 / 1000  # 3.026 failures a day
+    assert col.failures_per_day == pytest.approx(per_day, rel=1e-5)
+    # nodes in replacement: 3.026 / 86,400 x 960 = 0.0336; a failure finds none free: 1 - e^-0.0336
+    mean = per_day / 86_400 * 960
+    assert col.no_spare_probability == pytest.approx(1 - math.exp(-mean), rel=1e-5)  # 3.3 %
+    assert col.idle_node_hours_per_day_without == pytest.approx(per_day * 960 / 3600 * 1024, rel=1e-5)  # 826
+    p = col.no_spare_probability
+    with_spare = per_day * (p * 960 + (1 - p) * plan.with_spare_s) / 3600 * 1024  # 82.8
+    assert col.idle_node_hours_per_day_with == pytest.approx(with_spare, rel=1e-5)
+    saved = (826.33 - 82.78) / 24 * 55.04  # about $1,705 an hour, against $55.04 for the spare
+    assert col.saved_per_hour(55.04) == pytest.approx(saved, rel=1e-3)
+    assert plan.cost_per_hour == 55.04
+
+
+def test_where_one_spare_pays_for_itself() -> None:
+    """Saved per hour ~ rate x n^2 x (960 - 66.6) s x price: about 180 p5 nodes at the default."""
+    plan = sparing.make_spares_plan(load_profile("p5"), spares=1)
+    n = plan.break_even_nodes
+    price = plan.node_price
+    col = lambda nodes: sparing.column(nodes, 8, 1, sparing.DEFAULT_FAILURE_RATE, 960,  # noqa: E731
+                                       plan.with_spare_s)
+    assert col(n).saved_per_hour(price) >= price > col(n - 1).saved_per_hour(price)
+    assert 150 < n < 200
+    # ten times the failure rate: sqrt(10) times fewer nodes
+    tenfold = sparing.make_spares_plan(load_profile("p5"), spares=1, failure_rate=10 * sparing.DEFAULT_FAILURE_RATE)
+    assert tenfold.break_even_nodes == pytest.approx(n / math.sqrt(10), rel=0.05)
+
+
+def test_more_spares_leave_fewer_failures_without_one() -> None:
+    assert sparing.poisson_at_least(0, 0.5) == 1.0
+    assert sparing.poisson_at_least(1, 0.5) == pytest.approx(1 - math.exp(-0.5))
+    assert sparing.poisson_at_least(2, 0.5) == pytest.approx(1 - math.exp(-0.5) * 1.5)
+    one, two = (sparing.make_spares_plan(load_profile("p5"), [4096], spares=k).columns[0] for k in (1, 2))
+    assert two.no_spare_probability < one.no_spare_probability
+    assert two.idle_node_hours_per_day_with < one.idle_node_hours_per_day_with
+
+
+def test_the_plan_command_prints_the_spares(capsys) -> None:
+    assert main(["plan", "--profile", "p5", "--nodes", "16,1024", "--spares", "2", "--node-price", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "2 hot spares at $40.00 a node-hour: $80.00 per hour" in out
+    assert "Llama 3's 419 interruptions in 54 days on 16,384 GPUs, 78% hardware" in out
+    assert "spares pay for themselves from" in out
+    assert "goodput saved per hour" in out and "net per hour" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--spares", "-1"], "--spares -1 must be 0 or more"),
+    (["--failure-rate", "0"], "--failure-rate 0 must be positive"),
+    (["--node-price", "-3"], "--node-price -3 must be positive"),
+])  # fmt: skip
+def test_the_plan_command_refuses_bad_spares_input(argv, message, capsys) -> None:
+    assert main(["plan", "--profile", "p5", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_instance_without_a_price_needs_one(tmp_path: Path, capsys) -> None:
+    profile = tmp_path / "g6.yaml"
+    text = (Path(__file__).resolve().parents[2] / "config/profiles/g5-dev.yaml").read_text()
+    profile.write_text(text.replace("g5.8xlarge", "g6.8xlarge"))
+    assert main(["plan", "--profile", str(profile)]) == 2
+    assert "no price of g6.8xlarge on record" in capsys.readouterr().err
+    assert main(["plan", "--profile", str(profile), "--node-price", "2"]) == 0

@@ -77,6 +77,8 @@ def test_stop_removes_the_runs_objects(fake_kubectl, outputs: Path) -> None:
         ["--namespace", "nvrx", "delete", "job", "train-r1", "--cascade=foreground", "--wait=true",
          "--ignore-not-found", "--timeout=15m"],
         ["--namespace", "nvrx", "delete", "service,configmap,networkpolicy", "train-r1", "--ignore-not-found"],
+        ["--namespace", "nvrx", "delete", "deployment,service,poddisruptionbudget,networkpolicy", "train-r1-store",
+         "--ignore-not-found"],
     ]
 
 

@@ -144,7 +144,8 @@ def test_cleanup_order(run, fake_kubectl) -> None:
     code, _, _ = run("cleanup")
     assert code == 0
     kinds = [c[1] for c in verbs(fake_kubectl.calls())]
-    assert kinds == ["jobs", "pods", "networkpolicies,services,configmaps,serviceaccounts"]
+    assert kinds == ["jobs", "deployments,daemonsets", "pods",
+                     "networkpolicies,services,configmaps,serviceaccounts,poddisruptionbudgets"]
 
 
 def test_kubectl_failure_exit_code_is_passed_on(run, fake_kubectl) -> None:

@@ -186,6 +186,7 @@ def test_stop(run) -> None:
         f"{NS} delete job train-r1 --cascade=foreground --wait=true --ignore-not-found --timeout=15m",
         f"{NS} delete service,configmap,networkpolicy train-r1 --ignore-not-found",
     ]
+    assert out[2] == f"{NS} delete deployment,service,poddisruptionbudget,networkpolicy train-r1-store --ignore-not-found"
 
 
 def test_cleanup_deletes_fsx_users_first_and_keeps_namespace(run) -> None:
@@ -193,8 +194,11 @@ def test_cleanup_deletes_fsx_users_first_and_keeps_namespace(run) -> None:
     assert code == 0
     assert out == [
         f"{NS} delete jobs --selector {PART_OF} --cascade=foreground --wait=true --ignore-not-found --timeout=15m",
+        f"{NS} delete deployments,daemonsets --selector {PART_OF} --cascade=foreground --wait=true "
+        "--ignore-not-found --timeout=15m",
         f"{NS} delete pods --selector {PART_OF} --wait=true --ignore-not-found --timeout=15m",
-        f"{NS} delete networkpolicies,services,configmaps,serviceaccounts --selector {PART_OF} --ignore-not-found",
+        f"{NS} delete networkpolicies,services,configmaps,serviceaccounts,poddisruptionbudgets --selector {PART_OF} "
+        "--ignore-not-found",
         "# namespace 'nvrx' and the FSx claim are left to `cdk destroy`",
     ]
     targets = [line.split()[4] for line in out if line.startswith(NS)]
@@ -209,6 +213,7 @@ def test_synth_prints_the_manifests(run, tmp_path: Path) -> None:
     assert {d["kind"] for d in docs} == {
         "Namespace",
         "ServiceAccount",
+        "DaemonSet",
         "Job",
         "ConfigMap",
         "Service",
