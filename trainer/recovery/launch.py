@@ -9,8 +9,9 @@ the workers (`contract.process_env`), which a pod's manifest sets and this launc
 This process also serves the node's Prometheus `/metrics` (--metrics_port,
 `trainer.telemetry.exporter`): it outlives every restart of the workers.
 
-Rendezvous: node rank 0 hosts the store (`is_host`), never decided from a DNS answer that may be
-stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
+Rendezvous: with `--external_store` the run's store process (`trainer.recovery.store_server`)
+hosts every store and no node is special; without it node rank 0 hosts the store (`is_host`),
+never decided from a DNS answer that may be stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
 rank is the pod's completion index (`--node-rank`, and GROUP_RANK for NVRx versions that take
 the infrastructure's rank), so ranks keep their order at any node count.
 
