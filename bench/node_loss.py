@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from devtools.local import node_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER = ["--model", "tiny", "--seq_len", "64", "--batch_size", "2", "--log_interval", "6",
            "--warmup_steps", "4", "--max_steps", "24", "--checkpoint_interval", "4",
@@ -65,21 +67,6 @@ def events(run_dir: Path) -> list[dict]:
     return list(read_events(events_dir(run_dir)))
 
 
-def node_processes(job: subprocess.Popen, node: int) -> list:
-    import psutil
-
-    from config.contract import NODE_RANK_ENV
-
-    out = []
-    for p in psutil.Process(job.pid).children(recursive=True):
-        try:
-            if p.environ().get(NODE_RANK_ENV) == str(node):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 def run_case(case: str, out: Path, limit_s: float) -> dict:
     run_dir = out / "runs" / case
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
@@ -96,7 +83,7 @@ def run_case(case: str, out: Path, limit_s: float) -> dict:
         if case.endswith("freeze") and not frozen:
             steps = [e["step"] for e in events(run_dir) if e["event"] == "step"]
             if steps and max(steps) >= LOSS_STEP - 1:
-                frozen = node_processes(job, 1)
+                frozen = node_processes(job.pid, 1)
                 lost_at = time.time()
                 for p in frozen:
                     p.send_signal(signal.SIGSTOP)

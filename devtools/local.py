@@ -200,6 +200,24 @@ def node_spec(args, node: int, port: int, attempt: int) -> LaunchSpec:
                       rdzv_last_call_timeout=args.rdzv_last_call_timeout)
 
 
+def node_processes(root_pid: int, node: int) -> list:
+    """Every live process of simulated node `node` under the runner `root_pid` (its launcher,
+    fork server, rank monitors and ranks), found by the node rank each launcher's environment
+    carries: what a test or a benchmark stops or kills to lose that node."""
+    import psutil
+
+    from config.contract import NODE_RANK_ENV
+
+    found = []
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if p.environ().get(NODE_RANK_ENV) == str(node):
+                found.append(p)
+        except psutil.Error:  # gone meanwhile
+            pass
+    return found
+
+
 def _start_node(args, cfg, trainer_args: list[str], run_dir: Path, port: int, attempt: int,
                 final: Path, figure: Optional[Path], node: int) -> subprocess.Popen:
     """One simulated node: its launcher, leading a process group of its own (what a `node`

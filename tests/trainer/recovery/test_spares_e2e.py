@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from config.contract import NODE_RANK_ENV
+from devtools.local import node_processes
 from tests.jobs import (events, kill_group, ok, results, run_local, start_local, stretched,
                         wait_for)
 
@@ -57,13 +57,7 @@ def kill_node(job: subprocess.Popen, node: int, run_dir) -> int:
     rank monitors and ranks) and wipe its node directory: the node is gone."""
     import psutil
 
-    procs = []
-    for p in psutil.Process(job.pid).children(recursive=True):
-        try:
-            if p.environ().get(NODE_RANK_ENV) == str(node):
-                procs.append(p)
-        except psutil.Error:
-            pass
+    procs = node_processes(job.pid, node)
     for p in procs:
         try:
             p.kill()
