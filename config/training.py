@@ -276,6 +276,25 @@ def batch_problem(global_batch: int, micro_batch: int, world_size: int) -> Optio
             "choose a --batch_size that divides it")
 
 
+def batch_problem_down_to(global_batch: int, micro_batch: int, ranks_per_node: int, nodes: int,
+                          min_nodes: int, min_nodes_name: str = "--min_nodes") -> Optional[str]:
+    """Why some world the run may train at cannot keep the global batch exact, or None.
+
+    Training shrinks one lost node at a time, so it may meet every node count from `nodes` down
+    to `min_nodes`; the global batch is split into equal micro-batches only (no uneven ones), so
+    each of those worlds must divide it. Checked before anything starts, not after a node is
+    lost."""
+    for n in range(nodes, min_nodes - 1, -1):
+        problem = batch_problem(global_batch, micro_batch, n * ranks_per_node)
+        if problem is None:
+            continue
+        if n == nodes:
+            return problem
+        return (f"{min_nodes_name} {min_nodes} lets training shrink to {n} nodes, where the "
+                f"{problem}")
+    return None
+
+
 def _bound_phrase(err: dict) -> str:
     """A bound that failed, in the words of the rest of the project's messages."""
     ctx = err.get("ctx") or {}

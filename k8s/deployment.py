@@ -16,7 +16,7 @@ from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
 from config.contract import (EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FORMATS,
                              TERMINATION_GRACE_FLOOR_S)
 from config.presets import PRESETS
-from config.training import TrainConfig, batch_problem, describe
+from config.training import TrainConfig, batch_problem_down_to, describe
 from k8s import naming, outputs
 from k8s.errors import SynthError
 from k8s.image import TrainerImage, trainer_image
@@ -209,22 +209,11 @@ def trainer_settings(dep: Deployment) -> TrainConfig:
 
 
 def batch_problem_when_shrunk(profile: Profile, train: TrainConfig) -> str | None:
-    """Why some world the run may train at cannot keep the global batch exact, or None.
-
-    Training shrinks one lost node at a time, so it may meet every node count from node_count
-    down to min_nodes; the trainer splits the global batch into equal micro-batches only (no
-    uneven ones), so each of those worlds must divide it. A global batch of 0 is batch_size x
-    the world at the first start: the full node count."""
-    gpus = profile.gpus_per_node
+    """Why some world from node_count down to min_nodes cannot keep the global batch exact. A
+    global batch of 0 is batch_size x the world at the first start: the full node count."""
     global_batch = train.global_batch_size or train.batch_size * profile.world_size
-    for nodes in range(profile.node_count, profile.shrink_floor - 1, -1):
-        problem = batch_problem(global_batch, train.batch_size, nodes * gpus)
-        if problem is None:
-            continue
-        if nodes == profile.node_count:
-            return problem
-        return f"min_nodes {profile.shrink_floor} lets training shrink to {nodes} nodes, where the {problem}"
-    return None
+    return batch_problem_down_to(global_batch, train.batch_size, profile.gpus_per_node,
+                                 profile.node_count, profile.shrink_floor, "min_nodes")
 
 
 def check_elastic(profile: Profile, mode: str) -> None:

@@ -286,22 +286,12 @@ def check(spec: LaunchSpec, cfg, prog: str = "python -m trainer.recovery.launch"
 
 def shrink_batch_problem(spec: LaunchSpec, cfg) -> Optional[str]:
     """The global batch is kept exact at every world size the run may train at (--min_nodes to
-    --nnodes nodes), as whole micro-batches per rank: a size that cannot divide it is refused
-    here, before anything starts, not after a node is lost."""
-    from trainer.config import batch_problem
+    --nnodes nodes): a size that cannot divide it is refused here, before anything starts."""
+    from config.training import batch_problem_down_to
 
-    full = spec.nnodes * spec.nproc_per_node
-    global_batch = cfg.global_batch_size or cfg.batch_size * full
-    bad = [n for n in range(spec.world_min_nodes, spec.nnodes + 1)
-           if batch_problem(global_batch, cfg.batch_size, n * spec.nproc_per_node)]
-    if not bad:
-        return None
-    return (f"--min_nodes {spec.world_min_nodes}: the global batch of {global_batch} "
-            f"(--global_batch_size, or --batch_size {cfg.batch_size} x {full} ranks) does not "
-            f"divide into whole micro-batches of {cfg.batch_size} on "
-            f"{', '.join(str(n) for n in bad)} node(s) of {spec.nproc_per_node} rank(s); use a "
-            f"--min_nodes or --global_batch_size that every world from --min_nodes to --nnodes "
-            f"divides")
+    global_batch = cfg.global_batch_size or cfg.batch_size * spec.nnodes * spec.nproc_per_node
+    return batch_problem_down_to(global_batch, cfg.batch_size, spec.nproc_per_node, spec.nnodes,
+                                 spec.world_min_nodes)
 
 
 def serve_metrics(port: int, workdir: Path, env: dict, addr: str = "0.0.0.0") -> None:

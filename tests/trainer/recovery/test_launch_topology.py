@@ -40,8 +40,8 @@ def launch(tmp_path, *args: str) -> subprocess.CompletedProcess:
      "--external_store needs a launcher that restarts its workers"),
     # 3 nodes of one rank, the default batch of 4: a global batch of 12 is 6 a rank on 2 nodes
     (["--mode", "ft_launcher", "--nnodes", "3", "--min_nodes", "2", "--node_rank", "0"],
-     "global batch of 12 (--global_batch_size, or --batch_size 4 x 3 ranks) does not divide "
-     "into whole micro-batches of 4 on 2 node(s)"),
+     "--min_nodes 2 lets training shrink to 2 nodes, where the global batch size 12 cannot be "
+     "kept at world size 2"),
 ])
 def test_bad_shapes_are_one_line_and_exit_2_before_anything_starts(tmp_path, args, fragment):
     proc = launch(tmp_path, *BASE, *args)
