@@ -38,10 +38,6 @@ def launch(tmp_path, *args: str) -> subprocess.CompletedProcess:
      "--min_nodes below --nnodes needs a launcher that restarts its workers"),
     (["--mode", "baseline", "--nnodes", "2", "--external_store", "--node_rank", "0"],
      "--external_store needs a launcher that restarts its workers"),
-    # 3 nodes of one rank, the default batch of 4: a global batch of 12 is 6 a rank on 2 nodes
-    (["--mode", "ft_launcher", "--nnodes", "3", "--min_nodes", "2", "--node_rank", "0"],
-     "--min_nodes 2 lets training shrink to 2 nodes, where the global batch size 12 cannot be "
-     "kept at world size 2"),
 ])
 def test_bad_shapes_are_one_line_and_exit_2_before_anything_starts(tmp_path, args, fragment):
     proc = launch(tmp_path, *BASE, *args)
@@ -50,6 +46,22 @@ def test_bad_shapes_are_one_line_and_exit_2_before_anything_starts(tmp_path, arg
     assert fragment in last, last
     assert "launch:" not in proc.stdout  # nothing was started
     assert not (tmp_path / "ck").exists()
+
+
+def test_a_shrink_the_global_batch_cannot_follow_is_refused(tmp_path):
+    """3 nodes of one rank, the default batch of 4: a global batch of 12 is 6 a rank on 2 nodes.
+    An NVRx whose ft_launcher keeps a fixed world refuses the shrink itself."""
+    from trainer.recovery.nvrx_compat import shrinks_world
+
+    proc = launch(tmp_path, *BASE, "--mode", "ft_launcher", "--nnodes", "3", "--min_nodes", "2",
+                  "--node_rank", "0")
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    fragment = ("--min_nodes 2 lets training shrink to 2 nodes, where the global batch size 12 "
+                "cannot be kept at world size 2") if shrinks_world() else \
+        "--min_nodes 2 below --nnodes 3: the installed NVRx keeps a fixed world"
+    assert fragment in last, last
+    assert "launch:" not in proc.stdout
 
 
 def test_spares_and_a_shrinking_world_reach_ft_launcher():

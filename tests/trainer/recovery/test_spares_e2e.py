@@ -14,6 +14,7 @@ import pytest
 from devtools.local import node_processes
 from tests.jobs import (events, kill_group, ok, results, run_local, start_local, stretched,
                         wait_for)
+from trainer.recovery.nvrx_compat import shrinks_world
 
 STEPS = 16
 TIERS = ["--tiers", "memory,node,peer", "--snapshot_interval", "1"]
@@ -134,6 +135,7 @@ def test_losing_the_node_that_would_host_the_stores_is_survived(spares_job):
     assert res["param_sha256"] == spares_job["reference"]["param_sha256"]
 
 
+@pytest.mark.skipif(not shrinks_world(), reason="the installed NVRx keeps a fixed world")
 def test_with_no_spare_left_the_world_shrinks_and_training_goes_on(cache_dir, pace, reference,
                                                                     tmp_path):
     """Under ft_launcher+inprocess: the Wrapper's and the application store in the store
@@ -151,8 +153,9 @@ def test_with_no_spare_left_the_world_shrinks_and_training_goes_on(cache_dir, pa
     after = [e for e in ev if e["event"] == "launch" and e["t"] > lost["t"]]
     assert after and {e["world_size"] for e in after} == {1}, "one node trains on alone"
     (start,) = [e for e in ev if e["event"] == "train_start" and e["t"] > lost["t"]]
-    committed = [e["step"] for e in ev if e["event"] == "ckpt_commit" and e["t"] < lost["t"]]
-    assert committed, "a checkpoint was committed before the loss"
+    # the newest commit before the restart: one in flight at the loss may still land after it
+    committed = [e["step"] for e in ev if e["event"] == "ckpt_commit" and e["t"] < start["t"]]
+    assert committed, "a checkpoint was committed before the restart"
     # the snapshots are of two ranks' shards: one rank resumes from the durable checkpoint
     (load,) = [e for e in ev if e["event"] in ("ckpt_load", "snapshot_load") and e["t"] > lost["t"]]
     assert load["event"] == "ckpt_load" and load["step"] == start["step"] == max(committed)
