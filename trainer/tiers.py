@@ -112,6 +112,9 @@ class Tiers:
         meta = self._restore_snapshot(model, optimizer)
         if meta is None:
             meta = self.checkpoints.restore(model, optimizer, required=self.cfg.resume == "required")
+            if meta is not None:
+                self.log(f"resumed from the step-{meta['step']} checkpoint in "
+                         f"{self.cfg.checkpoint_dir}")
         if meta is not None:
             self.checkpoints.resumed_at(int(meta["step"]))
         return meta

@@ -290,7 +290,6 @@ class Loop:
         for key, fn in self.hooks.on_restore.items():
             if key in meta:
                 fn(meta[key])
-        self.log(f"resumed from step {self.step} ({cfg.checkpoint_dir})")
 
     def train(self) -> None:
         """Steps to max_steps, each reported one step later, when its figures are on the host."""
