@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The one-H200 checks of paths CPU tests cover only on CPU and NVRx 0.4.1, in one device command
+# of at most 10 minutes: `bash bench/plans/h200x1.sh paths`. Writes logs and JSON to $OUT.
+#   paths  the GPU tests of the snapshot copies; the spares and shrink tests (CPU ranks) and the
+#          launcher's shapes on the image's NVRx (0.7.x: `--nnodes N:N+K`, GROUP_RANK of a spare);
+#          one GPU through four faults in ft_launcher+inprocess, its durable checkpoints
+#          committed through the store by the writer process
+set -uo pipefail
+call=${1:?usage: bench/plans/h200x1.sh paths}
+export OUT=${OUT:-bench/results}
+here=$(dirname "$0")/..
+mkdir -p "$OUT"
+case "$call" in
+  paths)
+    if compgen -G ".whl/*.whl" > /dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+    fi
+    export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, 'nvrx', m.version('nvidia-resiliency-ext'), torch.cuda.get_device_name())" | tee "$OUT/env.txt"
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/trainer/snapshots/test_snapshot_gpu.py \
+      > "$OUT/gpu-tests.log" 2>&1; echo "gpu tests rc=$?"
+    BENCH_SECONDS=260 BENCH_ARGS="--nproc 1 --recovery_steps 80 --modes ft_launcher+inprocess" \
+      "$here/gpu.sh" recovery; echo "recovery rc=$?"
+    # CPU ranks (gloo), as on every CPU machine: with the GPU visible, `--device auto` would put
+    # a simulated node's ranks on the one GPU
+    CUDA_VISIBLE_DEVICES= timeout 240 python3 -m pytest -q -p no:cacheprovider --basetemp /tmp/bt \
+      tests/trainer/recovery/test_spares_e2e.py tests/trainer/recovery/test_launch_topology.py \
+      > "$OUT/spares-tests.log" 2>&1
+    echo "spares tests rc=$?"; tail -n 3 "$OUT"/*-tests.log ;;
+  *) echo "bench/plans/h200x1.sh: unknown run $call: paths" >&2; exit 2 ;;
+esac
