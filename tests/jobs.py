@@ -105,10 +105,11 @@ def launcher_flags(mode: str) -> tuple[str, ...]:
 def launcher_cmd(mode: str, run_dir: Path, port: int, *trainer_args: str, nproc: int = 2
                  ) -> list[str]:
     """The node's launcher as a pod runs it (`trainer.recovery.launch`), one node, with the
-    local runner's flags that it takes too."""
+    local runner's flags that it takes too; no /metrics server, whose fixed port would collide
+    with another test's launcher."""
     return [sys.executable, "-m", "trainer.recovery.launch", "--mode", mode, "--nnodes", "1",
             "--nproc_per_node", str(nproc), "--node_rank", "0", "--master_addr", "127.0.0.1",
-            "--master_port", str(port), *launcher_flags(mode), "--", *TINY,
+            "--master_port", str(port), "--metrics_port", "0", *launcher_flags(mode), "--", *TINY,
             "--checkpoint_dir", str(run_dir / "checkpoints"),
             "--results_path", str(run_dir / "results.json"), *trainer_args]
 

@@ -59,7 +59,11 @@ def test_a_frozen_rank_is_one_counted_failure(cache_dir, reference, tmp_path, re
     assert f["steps_lost"] is not None and 0 <= f["steps_lost"] <= 2 * INTERVAL
     assert res["restarts"] == len(f["restarts"]) >= 1
     if resumed == "sigcont":
-        assert f["restarts"] == ["inprocess"] and f["restored_from"] == "memory"
+        # the Wrapper restarts in-process; or, where the resumed rank's monitor thread, frozen
+        # with it, raises its restart a second time during the first (NVRx 0.4.1 under load),
+        # that rank gives up and the launcher restarts the workers: one failure either way
+        assert f["restarts"] in (["inprocess"], ["launcher"])
+        assert f["restored_from"] == ("memory" if f["restarts"] == ["inprocess"] else "node")
     else:
         assert "launcher" in f["restarts"] and f["restored_from"] == "node"
         assert f["signal"] in ("SIGTERM", "SIGKILL")
