@@ -52,8 +52,11 @@ demo: $(VENV)/.installed
 	$(PY) -m devtools.demo
 
 # pytest exits 5 when it collects no tests: that is not a failure of the code under test.
+# Two workers (pytest-xdist): most of a test job's seconds are waits (timeouts, hangs,
+# restarts), and every job's timeouts follow the pace its worker measured under that load.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed $(CDK) $(CHECKOV) $(PROMETHEUS)
-	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The unit tier: the pure logic (settings, schedule, agreement, goodput, layouts, contract).
 test-fast: $(VENV)/.installed $(CDK)

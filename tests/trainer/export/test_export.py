@@ -23,6 +23,9 @@ from trainer.export.cli import main
 from trainer.loop.data import ByteTokenizer
 from trainer.loop.model import build_model
 
+# The module's tests share one run (`run_dir`): one worker of `make test` runs them all.
+pytestmark = pytest.mark.xdist_group("export")
+
 STEPS, INTERVAL = 4, 2
 BATCH = torch.randint(0, ByteTokenizer.vocab_size, (2, 48), generator=torch.Generator().manual_seed(3))
 

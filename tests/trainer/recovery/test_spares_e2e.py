@@ -16,6 +16,9 @@ from tests.jobs import (events, kill_group, ok, results, run_local, start_local,
                         wait_for)
 from trainer.recovery.nvrx_compat import shrinks_world
 
+# The module's tests share one job (`spares_job`): one worker of `make test` runs them all.
+pytestmark = pytest.mark.xdist_group("spares")
+
 STEPS = 16
 TIERS = ["--tiers", "memory,node,peer", "--snapshot_interval", "1"]
 
