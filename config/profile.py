@@ -323,10 +323,10 @@ class Profile(_Strict):
         room = usable // self.instance.subnet_addresses
         if self.group_size > room:
             raise ValueError(
-                f"node_count {self.node_count} + spare_nodes {self.spare_nodes}: the new VPC's GPU subnet (/{PRIVATE_SUBNET_PREFIX}, "
-                f"{usable} addresses) holds at most {room} {self.instance_type} nodes at "
-                f"{self.instance.subnet_addresses} addresses each; deploy into an existing VPC with "
-                "a larger subnet (cluster.vpc_id)"
+                f"node_count {self.node_count} + spare_nodes {self.spare_nodes}: the new VPC's "
+                f"GPU subnet (/{PRIVATE_SUBNET_PREFIX}, {usable} addresses) holds at most {room} "
+                f"{self.instance_type} nodes at {self.instance.subnet_addresses} addresses each; "
+                "deploy into an existing VPC with a larger subnet (cluster.vpc_id)"
             )
 
     def _check_second_az(self) -> None:

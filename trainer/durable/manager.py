@@ -39,7 +39,6 @@ class InFlight(NamedTuple):
     since: float
     buffer: str
     landings: Landings  # the attempt that submitted it: its counter is the one to add to
-    signals: bool       # the writer adds to the counter itself (else the training thread)
 
 
 class Pending(NamedTuple):
@@ -172,8 +171,7 @@ class CheckpointManager:
         if self.use_async:
             self.start_writer()
             self._writer.submit(write_shard, req)
-            self._in_flight = InFlight(step, time.time(), str(buf.path), landings,
-                                       req.landed is not None)
+            self._in_flight = InFlight(step, time.time(), str(buf.path), landings)
             self._landing = (step, landings)
             self._on_written = on_written
         else:
@@ -247,7 +245,8 @@ class CheckpointManager:
         """Fail loudly if the background writer died or overran its time."""
         if self._in_flight is None or self._writer is None:
             return
-        step, since, buffer_path = self._in_flight[:3]
+        flight = self._in_flight
+        step, since, buffer_path = flight.step, flight.since, flight.buffer
         code = self._writer.worker_exitcode()
         if code is not None:
             self._writer.close(abort=True)
@@ -275,7 +274,7 @@ class CheckpointManager:
                 self.stats.write_seconds.append(time.time() - done.since)
                 self._in_flight = None
                 self._release_source()
-                if not done.signals:  # a store no writer process can reach: say it from here
+                if not done.landings.signals_itself():  # no writer can reach it: say it here
                     done.landings.add_landed(done.step)
             else:
                 self._check_writer()

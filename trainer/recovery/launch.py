@@ -9,11 +9,11 @@ the workers (`contract.process_env`), which a pod's manifest sets and this launc
 This process also serves the node's Prometheus `/metrics` (--metrics_port,
 `trainer.telemetry.exporter`): it outlives every restart of the workers.
 
-Rendezvous: with `--external_store` the run's store process (`trainer.recovery.store_server`)
-hosts every store and no node is special; without it node rank 0 hosts the store (`is_host`),
-never decided from a DNS answer that may be stale after a pod replacement; `--rdzv_join_timeout` must outlast a node replacement; the node
-rank is the pod's completion index (`--node-rank`, and GROUP_RANK for NVRx versions that take
-the infrastructure's rank), so ranks keep their order at any node count.
+Rendezvous: without `--external_store` (below) node rank 0 hosts the store (`is_host`), never
+decided from a DNS answer that may be stale after a pod replacement. `--rdzv_join_timeout` must
+outlast a node replacement; the node rank is the pod's completion index (`--node-rank`, and
+GROUP_RANK for NVRx versions that take the infrastructure's rank), so ranks keep their order at
+any node count.
 
 No special node (`--external_store`): the run's stores live in a process of their own
 (`trainer.recovery.store_server`, on --master_addr); no launcher hosts one and no rank does
@@ -244,10 +244,10 @@ def topology_problem(mode: str, nnodes: int, min_nodes: Optional[int], spare_nod
         return f"--min_nodes {lo} must be in [1, {nnodes}] (--nnodes {nnodes})"
     m = RecoveryMode(mode)
     elastic = spare_nodes > 0 or lo < nnodes
-    if (elastic or external_store) and not m.uses_ft_launcher:
+    if (elastic or external_store) and not m.launcher_restarts_workers:
         what = "--external_store" if not elastic else \
             ("--spare_nodes" if spare_nodes > 0 else "--min_nodes below --nnodes")
-        ft_modes = ", ".join(x.value for x in RecoveryMode if x.uses_ft_launcher)
+        ft_modes = ", ".join(x.value for x in RecoveryMode if x.launcher_restarts_workers)
         return (f"{what} needs a launcher that restarts its workers in a new rendezvous round: "
                 f"mode {mode} restarts the whole Job on any fault; use one of {ft_modes}")
     if lo < nnodes:
