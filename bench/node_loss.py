@@ -13,6 +13,7 @@ and two ways to go on: `spare` (2 training nodes and 1 spare) and `shrink` (2 no
 runner's exit code, the breakdown and the run's results.json go to OUT/<case>.json.
 
     python -m bench.node_loss --out bench/results/cpu-node-loss [--cases spare-kill,...]
+        [--compute_dtype auto|bf16|fp32]
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ def node_fault_flags(steps: int, step: int) -> list[str]:
     raise SystemExit(f"no seed puts the node fault at step {step}")
 
 
-def command(case: str, run_dir: Path) -> list[str]:
+def command(case: str, run_dir: Path, compute_dtype: str = "auto") -> list[str]:
     shape, how = case.split("-")
     local = ["--nnodes", "2", "--nproc_per_node", "1", "--node_return_s", "-1",
              "--heartbeat_timeout", "60"]
     local += ["--spare_nodes", "1"] if shape == "spare" else ["--min_nodes", "1"]
-    trainer = list(TRAINER)
+    trainer = [*TRAINER, "--compute_dtype", compute_dtype]
     if how == "kill":
         trainer += node_fault_flags(24, LOSS_STEP)
     return [sys.executable, "-m", "devtools.local", "--mode", "ft_launcher", "--run_dir",
@@ -67,11 +68,11 @@ def events(run_dir: Path) -> list[dict]:
     return list(read_events(events_dir(run_dir)))
 
 
-def run_case(case: str, out: Path, limit_s: float) -> dict:
+def run_case(case: str, out: Path, limit_s: float, compute_dtype: str = "auto") -> dict:
     run_dir = out / "runs" / case
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
-    cmd = command(case, run_dir)
+    cmd = command(case, run_dir, compute_dtype)
     log = open(run_dir / "runner.log", "w")
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                            start_new_session=True)
@@ -141,6 +142,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu-node-loss")
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--limit_s", type=float, default=600.0, help="per case")
+    p.add_argument("--compute_dtype", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="the trainer's --compute_dtype (fp32 where a torch build fails in bf16 "
+                        "on this CPU)")
     a = p.parse_args(argv)
     cases = a.cases.split(",")
     unknown = [c for c in cases if c not in CASES]
@@ -148,7 +152,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--cases {','.join(unknown)}: not one of {', '.join(CASES)}")
     a.out.mkdir(parents=True, exist_ok=True)
     for case in cases:
-        row = {"machine": machine(), **run_case(case, a.out, a.limit_s)}
+        row = {"machine": machine(), **run_case(case, a.out, a.limit_s, a.compute_dtype)}
         (a.out / f"{case}.json").write_text(json.dumps(row, indent=1) + "\n")
         print(case, row["exit_code"], json.dumps(row["breakdown"]), flush=True)
     return 0

@@ -5,19 +5,22 @@
 #          launcher's shapes on the image's NVRx (0.7.x: `--nnodes N:N+K`, GROUP_RANK of a spare);
 #          one GPU through four faults in ft_launcher+inprocess, its durable checkpoints
 #          committed through the store by the writer process
+#   nodes  the lost-node takeover on the image's NVRx (bench.node_loss, a spare and two ways to
+#          lose a node) with CPU ranks computing in fp32, and one bf16 CPU job under Python's
+#          fault handler: where that image's torch crashes in bf16 on this CPU
 set -uo pipefail
-call=${1:?usage: bench/plans/h200x1.sh paths}
+call=${1:?usage: bench/plans/h200x1.sh paths|nodes}
 export OUT=${OUT:-bench/results}
 here=$(dirname "$0")/..
 mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, 'nvrx', m.version('nvidia-resiliency-ext'), torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 case "$call" in
   paths)
-    if compgen -G ".whl/*.whl" > /dev/null; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-    fi
-    export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-    python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, 'nvrx', m.version('nvidia-resiliency-ext'), torch.cuda.get_device_name())" | tee "$OUT/env.txt"
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/trainer/snapshots/test_snapshot_gpu.py \
       > "$OUT/gpu-tests.log" 2>&1; echo "gpu tests rc=$?"
     BENCH_SECONDS=260 BENCH_ARGS="--nproc 1 --recovery_steps 80 --modes ft_launcher+inprocess" \
@@ -28,5 +31,17 @@ case "$call" in
       tests/trainer/recovery/test_spares_e2e.py tests/trainer/recovery/test_launch_topology.py \
       > "$OUT/spares-tests.log" 2>&1
     echo "spares tests rc=$?"; tail -n 3 "$OUT"/*-tests.log ;;
-  *) echo "bench/plans/h200x1.sh: unknown run $call: paths" >&2; exit 2 ;;
+  nodes)
+    # CPU ranks (gloo) throughout: `--device auto` would put every rank on the one GPU
+    export CUDA_VISIBLE_DEVICES=
+    PYTHONFAULTHANDLER=1 timeout 150 python3 -m devtools.local --mode baseline --nproc_per_node 2 \
+      --run_dir /tmp/bf16 --job_restarts 0 --timeout 120 -- --model tiny --max_steps 4 \
+      --compute_dtype bf16 --use_async_checkpoint false --final_checkpoint false \
+      > "$OUT/cpu-bf16-faulthandler.log" 2>&1; echo "bf16 cpu job rc=$?"
+    timeout 420 python3 -m bench.node_loss --out /tmp/node-loss --cases spare-kill,spare-freeze \
+      --compute_dtype fp32 --limit_s 200; echo "node loss rc=$?"
+    cp /tmp/node-loss/*.json "$OUT"/
+    tar -czf "$OUT/logs.tar.gz" -C /tmp --exclude='*/checkpoints' --exclude='*/nodes' \
+      node-loss/runs bf16 ;;
+  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes" >&2; exit 2 ;;
 esac
