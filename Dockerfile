@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # The nvrx-eks trainer image: NVIDIA PyTorch (CUDA, NCCL) + EFA (libfabric, aws-ofi-nccl) + NVRx.
 #
-#   docker build -t <EcrRepositoryUri>:<git commit> .                                 # NVRx 0.7.0 (`make image`)
+#   docker build -t <EcrRepositoryUri>:<git commit> .                                 # NVRx 0.7.0
 #   docker build --build-arg NVRX_VERSION=0.4.1 -t <EcrRepositoryUri>:nvrx-0.4.1 .   # published benchmark
+# `make image` builds with the profile's nvrx_version (default: this file's).
 #
 # Base: NGC PyTorch 25.09 is Ubuntu 24.04 (glibc 2.39) with Python 3.12 and NCCL >= 2.26.2, the
 # floor that NVRx wheels (0.5+ need glibc 2.39; 0.7 needs Python 3.12) and NVRx in-process

@@ -17,7 +17,6 @@ MODE ?=
 OUTPUTS ?= cdk-outputs.json
 # The image tag `make image` pushes; empty: the git commit, which the manifests use by default.
 TAG ?=
-NVRX_VERSION ?= 0.7.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: demo test test-fast synth nag deploy destroy manifests image bench clean
@@ -79,12 +78,14 @@ destroy: $(VENV)/.installed $(CDK)
 manifests: $(VENV)/.installed
 	$(PY) -m k8s synth --profile $(PROFILE) $(if $(MODE),--mode $(MODE)) --outputs $(OUTPUTS) --outdir dist/$(PROFILE)
 
-# Needs Docker and AWS credentials; pushes an immutable tag (the git commit unless TAG is given).
+# Needs Docker and AWS credentials; pushes an immutable tag (the git commit unless TAG is given),
+# built with the profile's nvrx_version.
 image: $(VENV)/.installed
 	@image=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) $(if $(TAG),--image-tag $(TAG))) && \
+	nvrx=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) --nvrx-version) && \
 	registry=$${image%%/*} && region=$$(echo $$registry | cut -d. -f4) && \
 	aws ecr get-login-password --region $$region | docker login --username AWS --password-stdin $$registry && \
-	docker build --build-arg NVRX_VERSION=$(NVRX_VERSION) -t $$image . && docker push $$image
+	docker build --build-arg NVRX_VERSION=$$nvrx -t $$image . && docker push $$image
 
 # GPU benchmarks (needs CUDA GPUs): floors, checkpoint cost and recovery in every mode, as JSON in
 # bench/results/; `python -m bench.tables FILE.json` prints their rows for BENCHMARKS.md.

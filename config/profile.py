@@ -18,7 +18,7 @@ from config.errors import ProfileError
 from config.instances import InstanceSpec, instance_spec
 from config.presets import TOKENIZERS
 from config.training import TrainConfig, pod_owned
-from config.versions import DEFAULT_EKS_VERSION, check_eks_version
+from config.versions import DEFAULT_EKS_VERSION, DEFAULT_NVRX_VERSION, check_eks_version, nvrx_release
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 RECOVERY_MODES: tuple[str, ...] = MODE_NAMES
@@ -272,6 +272,9 @@ class Profile(_Strict):
     # image_tag, else at the git commit (what `make image` pushes). Never `latest` (k8s.image).
     image: Optional[str] = None
     image_tag: Optional[str] = None
+    # The NVRx release in that image (`make image` builds with it): synthesis refuses what it
+    # cannot do (a shrinking world from 0.6).
+    nvrx_version: str = DEFAULT_NVRX_VERSION
     # job: one Indexed Job (default); jobset: a JobSet, which restarts all its Jobs at once.
     workload: Workload = "job"
     cluster: ClusterSettings
@@ -286,6 +289,12 @@ class Profile(_Strict):
     @classmethod
     def _known_instance(cls, v: str) -> str:
         instance_spec(v)  # raises with the allowed list
+        return v
+
+    @field_validator("nvrx_version")
+    @classmethod
+    def _supported_nvrx(cls, v: str) -> str:
+        nvrx_release(v)  # raises with the allowed releases
         return v
 
     @field_validator("namespace")

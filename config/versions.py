@@ -1,4 +1,5 @@
-"""Kubernetes versions EKS will create in late 2026, and the kubectl layer the stacks bundle.
+"""Kubernetes versions EKS will create in late 2026, the kubectl layer the stacks bundle, and the
+NVRx releases a trainer image may be built with.
 
 EKS gives each minor version 14 months of standard support, then 12 of extended support
 (billed extra), after which it no longer creates clusters of that version. Checked November
@@ -44,3 +45,31 @@ def check_eks_version(version: str, extended: bool = True) -> str | None:
 def kubectl_skew(version: str) -> int:
     """Minor versions between the cluster and the bundled kubectl layer."""
     return abs(_minor(version) - KUBECTL_LAYER_MINOR)
+
+
+# The NVRx releases the trainer runs on (pyproject's range): 0.4.1 (the published benchmark, the
+# CPU machines) through 0.7.x (the image's default). How the trainer bridges them is in
+# trainer.recovery.nvrx_compat; what synthesis must know of the image's release is here.
+NVRX_OLDEST = (0, 4, 1)
+NVRX_NEWEST_MINOR = (0, 7)
+DEFAULT_NVRX_VERSION = "0.7.0"
+# From 0.6 ft_launcher's rendezvous keeps a fixed world: spares wait, but a world never shrinks.
+NVRX_FIXED_WORLD_FROM = (0, 6)
+
+
+def nvrx_release(version: str) -> tuple[int, ...]:
+    """`version` ("0.7.0") as a tuple, if the trainer runs on it; else raise ValueError naming
+    what is allowed."""
+    allowed = (f"allowed: {'.'.join(map(str, NVRX_OLDEST))} through "
+               f"{'.'.join(map(str, NVRX_NEWEST_MINOR))}.x, e.g. {DEFAULT_NVRX_VERSION}")
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise ValueError(f"nvrx_version {version!r} must be a release like {DEFAULT_NVRX_VERSION}")
+    release = tuple(int(x) for x in version.split("."))
+    if release < NVRX_OLDEST or release[:2] > NVRX_NEWEST_MINOR:
+        raise ValueError(f"nvrx_version {version!r} is not one the trainer runs on; {allowed}")
+    return release
+
+
+def nvrx_shrinks_world(release: tuple[int, ...]) -> bool:
+    """Whether ft_launcher of NVRx `release` trains on with fewer nodes than it started with."""
+    return release[:2] < NVRX_FIXED_WORLD_FROM

@@ -37,7 +37,8 @@ from trainer.durable.lease import RUN_ID_ENV
 from trainer.recovery.lifetime import child_dies_with_me
 from trainer.recovery.termination import SIGTERM_EXIT_CODE
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
-                                     launch_env, stop_on_sigterm, topology_problem)
+                                     launch_env, rendezvous_argv, stop_on_sigterm,
+                                     topology_problem)
 
 # Whole-job restarts by default where the Job is the only layer that recovers (baseline).
 JOB_RESTARTS = 10
@@ -253,12 +254,18 @@ def _log_sizes(log_dir: Path, nodes: range) -> list[int]:
     return sizes
 
 
-def start_store(port: int, run_dir: Path, timeout_s: float = 60.0) -> subprocess.Popen:
-    """The run's store process on `port` (and the ports after it), as the store pod serves them;
-    returns once it accepts connections."""
+def start_store(spec: LaunchSpec, run_dir: Path, timeout_s: float = 60.0) -> subprocess.Popen:
+    """The run's store process on the port of `spec` (any node's launch) and the ports after
+    it, with the launchers' rendezvous, as the store pod serves them; returns once it accepts
+    connections."""
+    port = spec.master_port
     log = open(run_dir / "store.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "trainer.recovery.store_server",
-                             "--master_port", str(port), "--host", "127.0.0.1"],
+                             "--master_port", str(port), "--host", "127.0.0.1",
+                             *rendezvous_argv(spec)],
+                            # NVRx 0.6+ closes a round with two launchers of one host only in
+                            # a simulation that says so: here every node is this host
+                            env={**os.environ, "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1"},
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=child_dies_with_me())
     deadline = time.monotonic() + timeout_s
@@ -305,7 +312,8 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
         port = free_port_block()
         final = run_dir / f".final-error.{attempt}"
         final.unlink(missing_ok=True)
-        store = start_store(port, run_dir) if args.external_store else None
+        store = start_store(node_spec(args, 0, port, attempt), run_dir) \
+            if args.external_store else None
         procs: list[subprocess.Popen] = []
         try:  # the store process outlives every launcher of the attempt
             figs = list(figures) or [None] * args.total_nodes

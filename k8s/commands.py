@@ -30,12 +30,19 @@ def node_range_argv(dep: Deployment) -> list[str]:
     return argv
 
 
+def rendezvous_argv(dep: Deployment) -> list[str]:
+    """The rendezvous the launchers join and, where it serves them, the store pod closes
+    (`trainer.recovery.launch.add_rendezvous_args`): both take the same flags."""
+    return [*node_range_argv(dep),
+            "--rdzv_join_timeout", fmt(dep.profile.recovery.rdzv_join_timeout_s)]
+
+
 def launcher_argv(dep: Deployment) -> list[str]:
     rec = dep.profile.recovery
     return [
         "python", "-m", "trainer.recovery.launch",
         "--mode", dep.mode,
-        *node_range_argv(dep),
+        *rendezvous_argv(dep),
         "--nproc_per_node", str(dep.instance.gpus),
         "--node_rank", f"$({naming.COMPLETION_INDEX_ENV})",
         "--master_addr", dep.master_addr,
@@ -45,7 +52,6 @@ def launcher_argv(dep: Deployment) -> list[str]:
         "--heartbeat_timeout", fmt(rec.heartbeat_timeout_s),
         "--initial_heartbeat_timeout", fmt(rec.initial_heartbeat_timeout_s),
         "--monitor_interval", fmt(rec.monitor_interval_s),
-        "--rdzv_join_timeout", fmt(rec.rdzv_join_timeout_s),
         "--metrics_port", str(naming.METRICS_PORT),
     ]  # fmt: skip
 
@@ -71,9 +77,11 @@ def training_command(dep: Deployment) -> tuple[list[str], list[str]]:
 
 
 def store_command(dep: Deployment) -> list[str]:
-    """The store pod's command: every store of the run on the contract's ports from P."""
+    """The store pod's command: every store of the run on the contract's ports from P, and the
+    launchers' rendezvous, whose rounds it closes where the image's NVRx needs it to."""
     return ["python", "-m", "trainer.recovery.store_server",
-            "--master_port", str(naming.RENDEZVOUS_PORT), "--host", "0.0.0.0"]  # fmt: skip
+            "--master_port", str(naming.RENDEZVOUS_PORT), "--host", "0.0.0.0",
+            *rendezvous_argv(dep)]  # fmt: skip
 
 
 def data_prep_command(dep: Deployment, num_proc: int) -> tuple[list[str], list[str]]:

@@ -17,6 +17,7 @@ from config.contract import (EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EX
                              TERMINATION_GRACE_FLOOR_S)
 from config.presets import PRESETS
 from config.training import TrainConfig, batch_problem_down_to, describe
+from config.versions import NVRX_FIXED_WORLD_FROM, nvrx_release, nvrx_shrinks_world
 from k8s import naming, outputs
 from k8s.errors import SynthError
 from k8s.image import TrainerImage, trainer_image
@@ -218,14 +219,23 @@ def batch_problem_when_shrunk(profile: Profile, train: TrainConfig) -> str | Non
 
 def check_elastic(profile: Profile, mode: str) -> None:
     """Spares and shrinking need a launcher that restarts the workers inside the Job
-    (ft_launcher); under torchrun a lost node ends every pod, so a spare would only wait."""
-    if not profile.elastic or RecoveryMode(mode).launcher_restarts_workers:
-        return
-    allowed = ", ".join(m.value for m in RecoveryMode if m.launcher_restarts_workers)
-    what = (f"spare_nodes {profile.spare_nodes}" if profile.spare_nodes
-            else f"min_nodes {profile.shrink_floor} below node_count {profile.node_count}")
-    raise SynthError(f"profile {profile.name!r}: {what} needs a mode whose launcher restarts "
-                     f"workers within the Job ({allowed}), not {mode}")
+    (ft_launcher); under torchrun a lost node ends every pod, so a spare would only wait.
+    Shrinking also needs an image whose ft_launcher lets the world shrink: otherwise every pod
+    would refuse `--min_nodes` at its start."""
+    if profile.elastic and not RecoveryMode(mode).launcher_restarts_workers:
+        allowed = ", ".join(m.value for m in RecoveryMode if m.launcher_restarts_workers)
+        what = (f"spare_nodes {profile.spare_nodes}" if profile.spare_nodes
+                else f"min_nodes {profile.shrink_floor} below node_count {profile.node_count}")
+        raise SynthError(f"profile {profile.name!r}: {what} needs a mode whose launcher restarts "
+                         f"workers within the Job ({allowed}), not {mode}")
+    shrinks = profile.shrink_floor < profile.node_count
+    if shrinks and not nvrx_shrinks_world(nvrx_release(profile.nvrx_version)):
+        raise SynthError(
+            f"profile {profile.name!r}: min_nodes {profile.shrink_floor} below node_count "
+            f"{profile.node_count} needs an image with NVRx before "
+            f"{'.'.join(map(str, NVRX_FIXED_WORLD_FROM))}, whose ft_launcher lets the world "
+            f"shrink; nvrx_version {profile.nvrx_version} keeps it fixed (set nvrx_version: "
+            "0.4.1 and `make image`, or drop min_nodes)")
 
 
 def _check_mode(mode: str) -> str:

@@ -162,7 +162,11 @@ def cmd_synth(s: Session) -> int:
 
 
 def cmd_image(s: Session) -> int:
-    """The image reference the manifests use, for `make image` (docker build/push)."""
+    """The image reference the manifests use, for `make image` (docker build/push); with
+    --nvrx-version, the NVRx release the profile says that image holds (its build argument)."""
+    if s.args.nvrx_version:
+        s.kubectl.show(s.profile.nvrx_version)
+        return 0
     s.kubectl.show(trainer_image(s.profile, s.outputs).reference)
     return 0
 
@@ -546,6 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--dtype", choices=tuple(EXPORT_DTYPES), default=EXPORT_DTYPE_DEFAULT,
                              help=f"of the weights (default {EXPORT_DTYPE_DEFAULT}: as trained)")
             cmd.add_argument("--optimizer", action="store_true", help="dcp: Adam's state too")
+        if name == "image":
+            cmd.add_argument("--nvrx-version", action="store_true",
+                             help="print the profile's nvrx_version instead: the image's NVRx")
         if name == "lost-node":
             cmd.add_argument("--node", required=True, help="the node's name (kubectl get nodes)")
         if name == "plan":

@@ -18,9 +18,12 @@ from devtools.pace import Pace, measure
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 16
 INTERVAL = 4
+# The CPU ranks' compute dtype: `auto` (the trainer's choice for this CPU), unless
+# NVRX_EKS_TEST_COMPUTE_DTYPE names one (fp32 where a torch build crashes in bf16 on this CPU).
+COMPUTE_DTYPE = ["--compute_dtype", os.environ.get("NVRX_EKS_TEST_COMPUTE_DTYPE", "auto")]
 # A small, fast job: tiny LLaMA, short sequences.
 TINY = ["--model", "tiny", "--seq_len", "64", "--batch_size", "2", "--log_interval", "6",
-        "--warmup_steps", "4"]
+        "--warmup_steps", "4", *COMPUTE_DTYPE]
 # Bounds on a fast machine, in seconds; on a slower one they stretch with its pace (`stretched`).
 JOB_TIMEOUT_S = 240.0
 WAIT_S = 120.0
@@ -34,7 +37,8 @@ def pace(cache: Path) -> Pace:
     tests' jobs and every bound on them follow it, so no test depends on the machine's speed."""
     global _pace
     if _pace is None:
-        _pace = measure(Path(tempfile.mkdtemp(prefix="pace-", dir=cache.parent)), env=env_for(cache))
+        _pace = measure(Path(tempfile.mkdtemp(prefix="pace-", dir=cache.parent)), COMPUTE_DTYPE,
+                        env=env_for(cache))
     return _pace
 
 

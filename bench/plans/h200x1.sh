@@ -6,8 +6,8 @@
 #          one GPU through four faults in ft_launcher+inprocess, its durable checkpoints
 #          committed through the store by the writer process
 #   nodes  the lost-node takeover on the image's NVRx (bench.node_loss, a spare and two ways to
-#          lose a node) with CPU ranks computing in fp32, and one bf16 CPU job under Python's
-#          fault handler: where that image's torch crashes in bf16 on this CPU
+#          lose a node; the spares tests) with CPU ranks computing in fp32, and one bf16 CPU
+#          job under Python's fault handler: where that image's torch crashes in bf16 on this CPU
 set -uo pipefail
 call=${1:?usage: bench/plans/h200x1.sh paths|nodes}
 export OUT=${OUT:-bench/results}
@@ -38,8 +38,12 @@ case "$call" in
       --run_dir /tmp/bf16 --job_restarts 0 --timeout 120 -- --model tiny --max_steps 4 \
       --compute_dtype bf16 --use_async_checkpoint false --final_checkpoint false \
       > "$OUT/cpu-bf16-faulthandler.log" 2>&1; echo "bf16 cpu job rc=$?"
-    timeout 420 python3 -m bench.node_loss --out /tmp/node-loss --cases spare-kill,spare-freeze \
-      --compute_dtype fp32 --limit_s 200; echo "node loss rc=$?"
+    timeout 300 python3 -m bench.node_loss --out /tmp/node-loss --cases spare-kill,spare-freeze \
+      --compute_dtype fp32 --limit_s 140; echo "node loss rc=$?"
+    NVRX_EKS_TEST_COMPUTE_DTYPE=fp32 timeout 200 python3 -m pytest -q -p no:cacheprovider \
+      --basetemp /tmp/bt tests/trainer/recovery/test_spares_e2e.py \
+      tests/trainer/recovery/test_launch_topology.py > "$OUT/spares-tests.log" 2>&1
+    echo "spares tests rc=$?"; tail -n 3 "$OUT/spares-tests.log"
     cp /tmp/node-loss/*.json "$OUT"/
     tar -czf "$OUT/logs.tar.gz" -C /tmp --exclude='*/checkpoints' --exclude='*/nodes' \
       node-loss/runs bf16 ;;

@@ -45,7 +45,9 @@ def arg_default(name: str) -> str:
 
 
 def test_nvrx_pinned_by_build_arg() -> None:
-    assert arg_default("NVRX_VERSION") == "0.7.0"
+    from config.versions import DEFAULT_NVRX_VERSION
+
+    assert arg_default("NVRX_VERSION") == DEFAULT_NVRX_VERSION  # a profile's default nvrx_version
     text = DOCKERFILE.read_text()
     assert "nvidia-resiliency-ext==${NVRX_VERSION}" in text
     assert "NVRX_VERSION=0.4.1" in text  # the documented benchmark build

@@ -117,9 +117,11 @@ def test_the_store_pod(mode: str) -> None:
     assert pod["nodeSelector"] == {naming.NODE_GROUP_LABEL: naming.NODE_GROUP_SYSTEM}
     assert "tolerations" not in pod and pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
+    launcher = launcher_args(job_spec(docs, "job"))
     assert [*container["command"], *container["args"]] == [
         "python", "-m", "trainer.recovery.store_server", "--master_port", str(naming.RENDEZVOUS_PORT),
-        "--host", "0.0.0.0"]  # fmt: skip
+        "--host", "0.0.0.0", "--nnodes", "2", "--min_nodes", "2", "--spare_nodes", "1",
+        "--rdzv_join_timeout", value(launcher, "--rdzv_join_timeout")]  # fmt: skip
     security = container["securityContext"]
     assert security["runAsNonRoot"] and security["runAsUser"] != 0 and security["readOnlyRootFilesystem"]
     assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
@@ -206,10 +208,41 @@ def test_torchrun_modes_refuse_spares_and_shrinking(mode: str, changes: dict, wh
     assert what in text and mode in text and "ft_launcher" in text and "\n" not in text
 
 
-def shrinking(node_count: int, min_nodes: int, global_batch: int, batch: int = 1):
-    base = load_profile("p5").model_dump(mode="json")  # 8 GPUs a node
+def shrinking(node_count: int, min_nodes: int, global_batch: int, batch: int = 1,
+              nvrx_version: str = "0.4.1"):
+    """p5 (8 GPUs a node) that may shrink, on an image whose NVRx lets it (0.4.1)."""
+    base = load_profile("p5").model_dump(mode="json")
     trainer = base["trainer"] | {"global_batch_size": global_batch, "batch_size": batch}
-    return profile_from_dict(base | {"node_count": node_count, "min_nodes": min_nodes, "trainer": trainer})
+    return profile_from_dict(base | {"node_count": node_count, "min_nodes": min_nodes,
+                                     "trainer": trainer, "nvrx_version": nvrx_version})
+
+
+@pytest.mark.parametrize("nvrx_version, shrinks", [("0.4.1", True), ("0.5.0", True),
+                                                   ("0.6.0", False), ("0.7.0", False)])
+def test_shrinking_needs_an_image_whose_nvrx_lets_the_world_shrink(nvrx_version: str, shrinks: bool) -> None:
+    profile = shrinking(2, 1, 0, nvrx_version=nvrx_version)
+    if shrinks:
+        dep = resolve(profile, outputs_of(profile), mode="ft_launcher", run_id="r1")
+        args = launcher_args(job_spec(synth.build(dep)[synth.file_name(synth.TRAIN, "r1")], "job"))
+        assert value(args, "--min_nodes") == "1"
+        return
+    with pytest.raises(SynthError) as err:
+        resolve(profile, outputs_of(profile), mode="ft_launcher", run_id="r1")
+    text = str(err.value)
+    assert f"nvrx_version {nvrx_version}" in text and "min_nodes 1" in text and "\n" not in text
+
+
+def test_spares_need_no_particular_nvrx() -> None:
+    profile = spare_profile(nvrx_version="0.7.0")
+    resolve(profile, outputs_of(profile), mode="ft_launcher", run_id="r1")
+
+
+@pytest.mark.parametrize("bad", ["0.3.0", "0.8.0", "0.7", "latest"])
+def test_an_nvrx_version_the_trainer_does_not_run_on_is_a_profile_error(bad: str) -> None:
+    from config import ProfileError
+
+    with pytest.raises(ProfileError, match=f"nvrx_version '{bad}'"):
+        profile_from_dict(load_profile("p5").model_dump(mode="json") | {"nvrx_version": bad})
 
 
 @pytest.mark.parametrize("nodes, floor, global_batch", [(3, 2, 48), (2, 1, 0), (4, 2, 96)])
@@ -238,6 +271,15 @@ def test_min_nodes_above_node_count_is_a_profile_error() -> None:
 
     with pytest.raises(ProfileError, match="min_nodes 3 must be at most node_count 2"):
         profile_from_dict(load_profile("p5").model_dump(mode="json") | {"min_nodes": 3})
+
+
+def test_the_image_command_names_the_profiles_nvrx(tmp_path: Path, outputs_file, capsys) -> None:
+    from scripts.nvrx_eks import main
+
+    path = tmp_path / "old.yaml"
+    path.write_text((REPO / "config/profiles/p5.yaml").read_text() + "nvrx_version: 0.4.1\n")
+    assert main(["image", "--profile", str(path), "--outputs", str(outputs_file()), "--nvrx-version"]) == 0
+    assert capsys.readouterr().out.strip() == "0.4.1"
 
 
 def test_the_refusal_through_the_cli_is_exit_2_and_one_line(tmp_path: Path, outputs_file) -> None:

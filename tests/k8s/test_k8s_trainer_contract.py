@@ -126,6 +126,11 @@ def test_the_store_pods_command_is_the_store_servers(synth_for) -> None:
     assert container["command"] == ["python", "-m", "trainer.recovery.store_server"]
     args = parse(container["args"])
     assert args.master_port == int(synthesis.args_value("--master_port"))
+    # the rendezvous whose rounds it closes is the launchers'
+    launcher = [synthesis.args_value(f) for f in ("--nnodes", "--min_nodes", "--spare_nodes",
+                                                  "--rdzv_join_timeout")]
+    assert (args.nnodes, args.min_nodes, args.spare_nodes, args.rdzv_join_timeout) == \
+        (int(launcher[0]), int(launcher[1]), int(launcher[2]), float(launcher[3]))
     assert [p["containerPort"] for p in container["ports"]] == store_ports(args.master_port)
     service = synthesis.one("Service", naming.COMPONENT_STORE)
     assert [p["port"] for p in service["spec"]["ports"]] == store_ports(args.master_port)

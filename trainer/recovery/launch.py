@@ -110,21 +110,73 @@ def rdzv_conf(spec: LaunchSpec) -> str:
     return f"timeout={spec.rdzv_join_timeout:g}"  # static rendezvous: rank 0 hosts by design
 
 
+def rendezvous_flags(spec: LaunchSpec) -> list[str]:
+    """ft_launcher's rendezvous flags for this run, spelled for the installed NVRx: the node
+    range, the store's endpoint, the round's id and settings. The store process's round closer
+    (`store_server`, NVRx 0.6+) takes the same."""
+    from trainer.recovery.nvrx_compat import nnodes_flag
+
+    nnodes = nnodes_flag(spec.world_min_nodes, spec.nnodes, spec.spare_nodes) \
+        if spec.elastic else str(spec.nnodes)
+    return [f"--nnodes={nnodes}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={spec.master_addr}:{spec.master_port}",
+            f"--rdzv-id={spec.rdzv_id}", f"--rdzv-conf={rdzv_conf(spec)}"]
+
+
+def rendezvous_argv(spec: LaunchSpec) -> list[str]:
+    """This spec's rendezvous as the flags of `add_rendezvous_args`: what the store process
+    is started with, so that it closes the same rounds the launchers join."""
+    argv = ["--nnodes", str(spec.nnodes), "--spare_nodes", str(spec.spare_nodes),
+            "--rdzv_id", spec.rdzv_id, "--rdzv_join_timeout", f"{spec.rdzv_join_timeout:g}",
+            "--node_timeout", f"{spec.node_timeout:g}",
+            "--rdzv_last_call_timeout", f"{spec.rdzv_last_call_timeout:g}"]
+    return argv + (["--min_nodes", str(spec.min_nodes)] if spec.min_nodes is not None else [])
+
+
+def add_rendezvous_args(p: argparse.ArgumentParser) -> None:
+    """The rendezvous flags the launchers and the store process share."""
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--rdzv_id", default=LaunchSpec.rdzv_id)
+    p.add_argument("--rdzv_join_timeout", type=float, default=LaunchSpec.rdzv_join_timeout,
+                   help="seconds a node waits for the others at rendezvous; must outlast a node "
+                        "replacement (detection, eviction, boot, image pull)")
+    p.add_argument("--min_nodes", type=int, default=None,
+                   help="train on as few as this many nodes when no spare is left (default: "
+                        "--nnodes, never fewer); ft_launcher modes")
+    p.add_argument("--spare_nodes", type=int, default=0,
+                   help="nodes beyond --nnodes that wait in the rendezvous to replace a lost "
+                        "one (node ranks --nnodes and up); ft_launcher modes")
+    p.add_argument("--node_timeout", type=float, default=LaunchSpec.node_timeout,
+                   help="seconds without a rendezvous keep-alive after which a node is lost")
+    p.add_argument("--rdzv_last_call_timeout", type=float,
+                   default=LaunchSpec.rdzv_last_call_timeout,
+                   help="with --min_nodes below --nnodes: once enough nodes joined, seconds to "
+                        "wait for more before a round starts with fewer")
+
+
+def rendezvous_problem(a: argparse.Namespace) -> Optional[str]:
+    """What is wrong with the shared rendezvous flags, in one line; None if nothing."""
+    if a.nnodes < 1:
+        return f"--nnodes {a.nnodes} must be at least 1"
+    if a.rdzv_join_timeout <= 0:
+        return f"--rdzv_join_timeout {a.rdzv_join_timeout:g} must be positive"
+    if a.node_timeout < 1:
+        return f"--node_timeout {a.node_timeout:g} must be at least 1 (seconds)"
+    if a.rdzv_last_call_timeout < 0:
+        return f"--rdzv_last_call_timeout {a.rdzv_last_call_timeout:g} must be 0 or more"
+    return None
+
+
 def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     """argv for this node's launcher; the trainer gets `--mode` from the spec."""
     py = sys.executable
     if RecoveryMode(spec.mode).uses_ft_launcher:
         from trainer.recovery.forkserver import launcher_args
-        from trainer.recovery.nvrx_compat import ft_launcher_flags, nnodes_flag
+        from trainer.recovery.nvrx_compat import ft_launcher_flags
 
         # ft_launcher, with workers forked from a process that has imported the trainer
-        nnodes = nnodes_flag(spec.world_min_nodes, spec.nnodes, spec.spare_nodes) \
-            if spec.elastic else str(spec.nnodes)
-        launcher = [py, "-m", "trainer.recovery.forkserver",
-                    f"--nnodes={nnodes}", f"--nproc-per-node={spec.nproc_per_node}",
-                    "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.master_addr}:{spec.master_port}",
-                    f"--rdzv-id={spec.rdzv_id}", f"--rdzv-conf={rdzv_conf(spec)}",
-                    f"--node-rank={spec.node_rank}",
+        launcher = [py, "-m", "trainer.recovery.forkserver", *rendezvous_flags(spec),
+                    f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
                     *ft_launcher_flags(spec.max_restarts, spec.heartbeat_timeout,
                                        spec.initial_heartbeat_timeout, spec.monitor_interval)]
         return [*launcher, *launcher_args(), "--mode", spec.mode, *trainer_args]
@@ -177,7 +229,7 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     p = argparse.ArgumentParser(prog="python -m trainer.recovery.launch",
                                 description="Start this node's workers under the chosen recovery mode.")
     p.add_argument("--mode", choices=MODES, required=True)
-    p.add_argument("--nnodes", type=int, required=True)
+    add_rendezvous_args(p)
     p.add_argument("--nproc_per_node", type=int, required=True)
     p.add_argument("--node_rank", type=int, required=True)
     p.add_argument("--master_addr", required=True)
@@ -187,33 +239,17 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     p.add_argument("--initial_heartbeat_timeout", type=float,
                    default=LaunchSpec.initial_heartbeat_timeout)
     p.add_argument("--monitor_interval", type=float, default=LaunchSpec.monitor_interval)
-    p.add_argument("--rdzv_id", default=LaunchSpec.rdzv_id)
-    p.add_argument("--rdzv_join_timeout", type=float, default=LaunchSpec.rdzv_join_timeout,
-                   help="seconds a node waits for the others at rendezvous; must outlast a node "
-                        "replacement (detection, eviction, boot, image pull)")
     p.add_argument("--metrics_port", type=int, default=LaunchSpec.metrics_port,
                    help="serve this node's Prometheus /metrics on this port (0: off)")
-    p.add_argument("--min_nodes", type=int, default=None,
-                   help="train on as few as this many nodes when no spare is left (default: "
-                        "--nnodes, never fewer); ft_launcher modes")
-    p.add_argument("--spare_nodes", type=int, default=0,
-                   help="nodes beyond --nnodes that wait in the rendezvous to replace a lost "
-                        "one (node ranks --nnodes and up); ft_launcher modes")
     p.add_argument("--external_store", action="store_true",
                    help="the run's stores are served by `python -m trainer.recovery.store_server`"
                         " on --master_addr:--master_port; no launcher hosts any (ft_launcher modes)")
-    p.add_argument("--node_timeout", type=float, default=LaunchSpec.node_timeout,
-                   help="seconds without a rendezvous keep-alive after which a node is lost")
-    p.add_argument("--rdzv_last_call_timeout", type=float,
-                   default=LaunchSpec.rdzv_last_call_timeout,
-                   help="with --min_nodes below --nnodes: once enough nodes joined, seconds to "
-                        "wait for more before a round starts with fewer")
     a = p.parse_args(argv)
-    for name in ("nnodes", "nproc_per_node"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name} {getattr(a, name)} must be at least 1")
-    if a.rdzv_join_timeout <= 0:
-        p.error(f"--rdzv_join_timeout {a.rdzv_join_timeout:g} must be positive")
+    problem = rendezvous_problem(a)
+    if problem:
+        p.error(problem)
+    if a.nproc_per_node < 1:
+        p.error(f"--nproc_per_node {a.nproc_per_node} must be at least 1")
     if not 0 <= a.metrics_port < 65536:
         p.error(f"--metrics_port {a.metrics_port} must be a port number, 0 to 65535 (0: off)")
     problem = topology_problem(a.mode, a.nnodes, a.min_nodes, a.spare_nodes, a.external_store)
@@ -222,10 +258,6 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
     if not 0 <= a.node_rank < a.nnodes + a.spare_nodes:
         p.error(f"--node_rank {a.node_rank} must be in [0, {a.nnodes + a.spare_nodes}) "
                 f"(--nnodes {a.nnodes} plus --spare_nodes {a.spare_nodes})")
-    if a.node_timeout < 1:
-        p.error(f"--node_timeout {a.node_timeout:g} must be at least 1 (seconds)")
-    if a.rdzv_last_call_timeout < 0:
-        p.error(f"--rdzv_last_call_timeout {a.rdzv_last_call_timeout:g} must be 0 or more")
     if "--mode" in trainer_args:
         p.error("pass --mode to the launcher only; it forwards it to the trainer")
     return LaunchSpec(**vars(a)), trainer_args

@@ -10,7 +10,9 @@ Differences absorbed:
   watched here (`worker_exitcode`). NVRx starts that worker from whichever thread makes the
   first request and never ties it to the rank; here it is started by `AsyncWriter` itself,
   running NVRx's loop behind `lifetime.follow_parent`, so it ends with its rank from its
-  first instant.
+  first instant. From 0.6 that loop binds a CUDA device and opens a context on it (failing
+  on CPU-only ranks) unless told that its requests hold host memory only (`cpu_shm_mode`);
+  ours always do, so it is told, and no writer holds a CUDA context.
 - ft_launcher's rank monitors (forked in 0.4.1, spawned in some later versions) serve until
   told to stop: a killed launcher left them running. They run behind `lifetime.follow_parent`
   too (`use_rank_monitors_following_launcher`).
@@ -40,6 +42,9 @@ Differences absorbed:
   the order nodes ask, and a spare that asked first would leave a survivor, and the state on
   its node, out. Each worker learns which rendezvous round it joined, for the keys it writes
   in stores that outlive the round (`use_round_in_worker_env`).
+- A store outside the training nodes (`--external_store`): before 0.6 any participant closes
+  a rendezvous round; from 0.6 only the store's host does, so the run's store process then
+  runs NVRx's `nvrx-control` on the rendezvous port (`rendezvous_closer`).
 - What NVRx detects, for the event log: the Wrapper's interruption records live in its store
   (`interruption_records`); ft_launcher's failed workers and its rank monitors' heartbeat
   timeouts are seen only inside the launcher, through its agent's `_monitor_workers` and the
@@ -55,11 +60,13 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from config.versions import NVRX_FIXED_WORLD_FROM, nvrx_shrinks_world
 from trainer.recovery.lifetime import follow_parent
 
 NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
@@ -90,10 +97,12 @@ class AsyncWriter:
 
         caller = self._ckpt._async_calls_queue._get_async_caller()
         caller.rank = rank
+        host_only = {"cpu_shm_mode": True} if "cpu_shm_mode" in inspect.signature(
+            core.PersistentAsyncCaller.async_loop).parameters else {}
         caller.process = multiprocessing.get_context("spawn").Process(
             target=_persistent_worker, name=f"checkpoint-writer-{rank}",
             args=(os.getpid(), rank, caller.queue, caller.preload_q, caller.comp_q,
-                  logging.getLogger(core.__name__).getEffectiveLevel()))
+                  logging.getLogger(core.__name__).getEffectiveLevel()), kwargs=host_only)
         caller.process.start()
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> None:
@@ -137,14 +146,14 @@ class AsyncWriter:
             self._ckpt.finalize_async_save(blocking=True, no_dist=True, terminate=True)
 
 
-def _persistent_worker(parent: int, *loop_args) -> None:
+def _persistent_worker(parent: int, *loop_args, **loop_kwargs) -> None:
     """The checkpoint writer process: NVRx's persistent loop, ending with the rank that started
     it. The rank starts it from its start-up phase's thread, which ends long before the rank: a
     parent-death signal would fire then, so the parent is polled instead."""
     follow_parent(parent)
     from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
 
-    PersistentAsyncCaller.async_loop(*loop_args)
+    PersistentAsyncCaller.async_loop(*loop_args, **loop_kwargs)
 
 
 def ft_launcher_flags(max_restarts: int, heartbeat_timeout: float, initial_heartbeat_timeout: float,
@@ -167,14 +176,30 @@ def ft_launcher_flags(max_restarts: int, heartbeat_timeout: float, initial_heart
 def nnodes_flag(min_nodes: int, nnodes: int, spare_nodes: int) -> str:
     """ft_launcher's `--nnodes` for a world of `nnodes` nodes that may shrink to `min_nodes`, with
     `spare_nodes` more waiting to replace a lost one (see the module's docstring)."""
-    if NVRX_VERSION < (0, 6):
+    if shrinks_world():
         return f"{min_nodes}:{nnodes}"
     return f"{nnodes}:{nnodes + spare_nodes}"
 
 
+def rendezvous_closer(rendezvous_flags: list[str]) -> Optional[list[str]]:
+    """argv of the process that closes each rendezvous round of ft_launchers that host no
+    store (`--external_store`), given their rendezvous flags; None where none is needed.
+
+    Before 0.6 every participant of the c10d rendezvous can close a round, so a plain TCPStore
+    serves it. From 0.6 only the store's host assigns the ranks and closes the round, and a
+    launcher that hosts no store never does: without a closer every launcher waits in the
+    first round until its join timeout. NVRx's own closer for a store outside the training
+    nodes is `nvrx-control`, which then hosts the rendezvous store itself."""
+    if NVRX_VERSION < NVRX_FIXED_WORLD_FROM:
+        return None
+    return [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.control_plane",
+            *rendezvous_flags, "--ft-enable-log-server=false"]
+
+
 def shrinks_world() -> bool:
-    """Whether the installed ft_launcher can continue on fewer nodes than it started with."""
-    return NVRX_VERSION < (0, 6)
+    """Whether the installed ft_launcher can continue on fewer nodes than it started with
+    (the rule synthesis applies to the image's release, `config.versions`)."""
+    return nvrx_shrinks_world(NVRX_VERSION)
 
 
 def rendezvous_keep_alive(node_timeout_s: float) -> tuple[int, int]:

@@ -93,7 +93,8 @@ def test_store_process_serves_every_port_and_exits_0_on_sigterm():
 
     port = free_port_block()
     proc = subprocess.Popen([sys.executable, "-m", "trainer.recovery.store_server",
-                             "--master_port", str(port), "--host", "127.0.0.1"], cwd=ROOT,
+                             "--master_port", str(port), "--host", "127.0.0.1", "--nnodes", "2",
+                             "--spare_nodes", "1"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ready = proc.stdout.readline()
@@ -108,3 +109,39 @@ def test_store_process_serves_every_port_and_exits_0_on_sigterm():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_store_process_closes_the_rounds_the_launchers_join(monkeypatch):
+    """From NVRx 0.6 the store's host closes each rendezvous round: the store process runs
+    NVRx's closer with exactly the launchers' rendezvous flags; before 0.6 a plain store does."""
+    from trainer.recovery import nvrx_compat, store_server
+    from trainer.recovery.launch import LaunchSpec, build_command, rendezvous_argv, rendezvous_flags
+
+    spec = LaunchSpec("ft_launcher", 4, 8, 0, "127.0.0.1", 29500, rdzv_id="run-7",
+                      rdzv_join_timeout=900, spare_nodes=2, external_store=True,
+                      node_timeout=9, rdzv_last_call_timeout=5)
+    argv = ["--master_port", "29500", "--host", "127.0.0.1", *rendezvous_argv(spec)]
+    for release, closes in (((0, 4), False), ((0, 6), True), ((0, 7), True)):
+        monkeypatch.setattr(nvrx_compat, "NVRX_VERSION", release)
+        closer = store_server.closer_argv(store_server.parse(argv))
+        if not closes:
+            assert closer is None
+            continue
+        assert closer[:3] == [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.control_plane"]
+        flags = rendezvous_flags(spec)
+        assert closer[3:3 + len(flags)] == flags
+        launcher = build_command(spec, [])
+        assert all(f in launcher for f in flags)  # the launchers join what the closer closes
+        assert "--nnodes=4:6" in flags and "--rdzv-id=run-7" in flags
+
+
+@pytest.mark.parametrize("flag, value", [("--nnodes", "0"), ("--rdzv_join_timeout", "0"),
+                                         ("--node_timeout", "0.5")])
+def test_the_store_process_refuses_a_bad_rendezvous_flag(flag, value):
+    base = {"--nnodes": "2", "--rdzv_join_timeout": "600", "--node_timeout": "6"}
+    argv = [a for k, v in (base | {flag: value}).items() for a in (k, v)]
+    proc = subprocess.run([sys.executable, "-m", "trainer.recovery.store_server", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert f"{flag} {value}" in lines[-1] and "error" in lines[-1]
