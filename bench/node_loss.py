@@ -105,13 +105,15 @@ def run_case(case: str, out: Path, limit_s: float, compute_dtype: str = "auto") 
 
 def breakdown(ev: list[dict], frozen_at: Optional[float]) -> dict:
     """Seconds from the loss of the node to: the first survivor's notice (a rank's error, its
-    launcher's record of failed workers or of a participant lost from the rendezvous), the new round's first worker start, its training start
+    launcher's record of failed workers or of a participant lost from the rendezvous, a rank's
+    record of a silent neighbour node), the new round's first worker start, its training start
     (process group, model, restore), its first step."""
     fault = next((e["t"] for e in ev if e["event"] == "fault"), frozen_at)
     if fault is None:
         return {}
     seen = next((e["t"] for e in ev if e["t"] > fault and (
-        e["event"] in ("workers_failed", "nodes_lost") or e["event"] == "error")), None)
+        e["event"] in ("workers_failed", "nodes_lost", "node_silent") or e["event"] == "error")),
+        None)
     launch = next((e["t"] for e in ev if e["t"] > fault and e["event"] == "launch"), None)
     starts = [e for e in ev if e["t"] > fault and e["event"] == "train_start"]
     start = max((e["t"] for e in starts), default=None)

@@ -76,6 +76,24 @@ def _leave_with_failed_peers(hooks, rank: int, events) -> None:
     failfast.watch(leave)
 
 
+def _watch_neighbour_node(hooks, env, events) -> None:
+    """Where the launcher asks for it, each node's first rank watches the next node
+    (`nodewatch`); a silent one ends this rank as a failure would, and the launcher's new round
+    seats a spare in its place."""
+    if env.local_rank != 0:
+        return
+    from trainer.recovery import nodewatch
+
+    def silent(node: int, seconds: float) -> None:
+        ranks = list(range(node * env.local_world_size, (node + 1) * env.local_world_size))
+        events.emit("node_silent", node=node, ranks=ranks, silent_s=round(seconds, 2))
+        print(f"rank {env.rank}: node {node} of this round has been silent for {seconds:.1f} s; "
+              "leaving so that the launcher restarts without it", file=sys.stderr, flush=True)
+        exit_now(hooks, ranks[0])  # the peers leave too, told which rank failed
+
+    nodewatch.start(env.node_rank, env.world_size // env.local_world_size, silent)
+
+
 def stopped_line(cfg: TrainConfig, summary: dict) -> str:
     """What a rank 0 stopped by SIGTERM says last: where the next run resumes, and why."""
     step, latest = summary["steps_completed"], summary["committed_step"]
@@ -117,6 +135,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from trainer.loop.train import run
 
     hooks, failed = Hooks(), True
+    _watch_neighbour_node(hooks, env, events)
     try:
         if cfg.ft_launcher:
             from trainer.recovery.heartbeat import attach_heartbeat

@@ -76,7 +76,8 @@ class Detection(enum.StrEnum):
     HEARTBEAT_TIMEOUT = "heartbeat_timeout"  # a rank's heartbeats stopped (launcher or Wrapper)
     PROCESS_DEATH = "process_death"  # a process exited (exit code) or was killed (signal)
     JOB_RESTART = "job_restart"  # the job started again, nothing seen before (a node lost, say)
-    NODE_LOST = "node_lost"  # a node's rendezvous keep-alive stopped: it no longer answers
+    NODE_LOST = "node_lost"  # a node no longer answers: its rendezvous keep-alive or its beat
+    # in the store stopped (`nodewatch`)
     MONITOR_ERROR = "monitor_error"  # the Wrapper's monitor process failed
     UNKNOWN = "unknown"
 

@@ -56,7 +56,7 @@ _PHASES = (("restarted", ("launch", "attempt_start")),
 _PHASE_OF = {name: phase for phase, names in _PHASES for name in names}
 # Detection events, by the layer that detected: the Wrapper, the launcher, the job runner.
 _DETECTORS = {"abort": "inprocess", "workers_failed": "launcher", "heartbeat_timeout": "launcher",
-              "nodes_lost": "launcher", "worker_failed": "job"}
+              "nodes_lost": "launcher", "node_silent": "launcher", "worker_failed": "job"}
 # A restore's tiers, fastest first: a failure was restored from the slowest one any rank used.
 _TIERS = ("memory", "node", "peer", "durable")
 # How a restart that no evidence preceded was detected: by the restart itself.
@@ -182,6 +182,10 @@ class _Failure:
             self._add(e["t"], "launcher", Detection.HEARTBEAT_TIMEOUT, e.get("failed_rank"))
         elif name == "nodes_lost":
             self._add(e["t"], "launcher", Detection.NODE_LOST, None)
+        elif name == "node_silent":  # a rank's watch of its neighbour node (`nodewatch`)
+            self.left.add(e["rank"])  # the watcher leaves because of that node
+            for rank in e.get("ranks") or [None]:
+                self._add(e["t"], "launcher", Detection.NODE_LOST, rank)
         elif name == "worker_failed":
             self._add(e["t"], "job", Detection.PROCESS_DEATH, None)
             self.deaths.setdefault(None, (e.get("exit_code"), None))

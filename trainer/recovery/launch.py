@@ -58,6 +58,7 @@ from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
 from trainer.faults.node_loss import NODE_LEADER_ENV
 from trainer.recovery.lifetime import ProcessId, child_dies_with_me
+from trainer.recovery.nodewatch import NODE_TIMEOUT_ENV
 from trainer.recovery.stores import EXTERNAL_STORE_ENV
 from trainer.recovery.termination import SIGTERM_EXIT_CODE, STOP_SIGNAL
 
@@ -202,6 +203,10 @@ def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
     env[INPROCESS_PORT_ENV] = str(wrapper_store_port(spec.master_port))
     if spec.external_store:  # the ranks' stores are clients of the store process
         env[EXTERNAL_STORE_ENV] = f"{spec.master_addr}:{spec.master_port}"
+        from trainer.recovery.nvrx_compat import rendezvous_finds_silent_nodes
+
+        if not rendezvous_finds_silent_nodes():  # the ranks watch each other's nodes
+            env[NODE_TIMEOUT_ENV] = f"{spec.node_timeout:g}"
     env["GROUP_RANK"] = str(spec.node_rank)  # NVRx's infrastructure group rank
     # The event log: this node's file (torchelastic renumbers GROUP_RANK at each rendezvous),
     # and which start of the launcher the workers belong to (a new one means a job restart).

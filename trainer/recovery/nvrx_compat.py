@@ -44,7 +44,9 @@ Differences absorbed:
   in stores that outlive the round (`use_round_in_worker_env`).
 - A store outside the training nodes (`--external_store`): before 0.6 any participant closes
   a rendezvous round; from 0.6 only the store's host does, so the run's store process then
-  runs NVRx's `nvrx-control` on the rendezvous port (`rendezvous_closer`).
+  runs NVRx's `nvrx-control` on the rendezvous port (`rendezvous_closer`). That rendezvous
+  has no keep-alive either, so a node that stops answering is found by the ranks' own watch
+  (`rendezvous_finds_silent_nodes`).
 - What NVRx detects, for the event log: the Wrapper's interruption records live in its store
   (`interruption_records`); ft_launcher's failed workers and its rank monitors' heartbeat
   timeouts are seen only inside the launcher, through its agent's `_monitor_workers` and the
@@ -194,6 +196,13 @@ def rendezvous_closer(rendezvous_flags: list[str]) -> Optional[list[str]]:
         return None
     return [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.control_plane",
             *rendezvous_flags, "--ft-enable-log-server=false"]
+
+
+def rendezvous_finds_silent_nodes() -> bool:
+    """Whether the installed ft_launcher's rendezvous drops a node that stops answering: before
+    0.6 its keep-alive expires (`use_lost_participant_restart`); from 0.6 it keeps none, and the
+    trainer's ranks watch each other's nodes instead (`trainer.recovery.nodewatch`)."""
+    return NVRX_VERSION < NVRX_FIXED_WORLD_FROM
 
 
 def shrinks_world() -> bool:
@@ -366,6 +375,19 @@ def use_seated_nodes_first(rendezvous) -> None:
     op.__call__ = seated_first
 
 
+def joined_round(handler) -> Optional[int]:
+    """The rendezvous round `handler` has just completed, the same number on every node: the
+    c10d rendezvous (before 0.6) keeps it in its state, the barrier rendezvous (0.6+) returns
+    it from `round()`; None where neither says."""
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    if getattr(state, "round", None) is not None:
+        return state.round
+    try:
+        return int(handler.round())
+    except Exception:  # noqa: BLE001 - a handler that keeps no round: the restart count is used
+        return None
+
+
 def use_round_in_worker_env(launcher) -> None:
     """Each worker's environment names the rendezvous round its group joined
     (`stores.RDZV_ROUND_ENV`): the agent reads it from its rendezvous handler as it starts the
@@ -380,8 +402,7 @@ def use_round_in_worker_env(launcher) -> None:
 
     @functools.wraps(start)
     def start_in_round(self, worker_group):
-        state = getattr(getattr(self._rdzv_handler, "_state_holder", None), "state", None)
-        _joined_round[0] = getattr(state, "round", None)
+        _joined_round[0] = joined_round(self._rdzv_handler)
         return start(self, worker_group)
 
     @functools.wraps(spawn)

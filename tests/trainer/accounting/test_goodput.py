@@ -272,3 +272,16 @@ def test_summarize_streams_a_large_log_in_bounded_memory(tmp_path):
     assert large_bytes > 15 * 2**20  # the log: about 20 MB on disk, several times that as objects
     assert large_peak < 2 * 2**20
     assert large_peak < 1.25 * small_peak  # four times the events, the same memory
+
+
+def test_a_silent_node_is_the_failure_not_the_rank_that_watched_it():
+    """A frozen node's ranks are named by the neighbour's watch (`nodewatch`); the watcher,
+    which left because of it, did not fail."""
+    ev = _run_until(5.0)
+    ev += [_ev(11.0, "node_silent", 0, node=1, ranks=[1], silent_s=6.0),
+           _ev(11.1, "workers_failed", -1, node=0, failures=[
+               {"rank": 0, "local_rank": 0, "pid": 8, "exit_code": 1, "signal": None}])]
+    ev += _resume(12.0, 4)
+    (f,) = summarize(ev, max_steps=12, checkpoint_interval=0)["faults"]
+    assert (f["rank"], f["detection"], f["failed_ranks"]) == (1, "node_lost", [1])
+    assert f["detected_by"] == "launcher"
