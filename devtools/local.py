@@ -92,7 +92,8 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="a lost node's launcher starts again this many seconds later, as the "
                         "Job recreates a lost pod (negative: never)")
     p.add_argument("--node_timeout", type=float, default=LaunchSpec.node_timeout,
-                   help="seconds without a rendezvous keep-alive after which a node is lost")
+                   help="seconds without a sign of life after which a node is lost (its "
+                        "rendezvous keep-alive; from NVRx 0.6 its beat in the store)")
     p.add_argument("--rdzv_last_call_timeout", type=float, default=3.0,
                    help="with --min_nodes below --nnodes: once enough nodes joined, seconds to "
                         "wait for more before a round starts with fewer")

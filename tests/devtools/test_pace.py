@@ -72,7 +72,7 @@ def test_progress_reads_the_step_reached_and_the_step_time(tmp_path):
 def test_a_job_out_of_time_names_the_step_it_reached_and_its_step_time(cache_dir, pace, tmp_path):
     # A rank hangs at a step; the peer's collective timeout lies beyond the job's limit.
     run_dir = tmp_path / "run"
-    limit = stretched(45)
+    limit = stretched(25)
     proc = subprocess.run(
         [sys.executable, "-m", "devtools.local", "--mode", "baseline", "--run_dir", str(run_dir),
          "--job_restarts", "0", "--timeout", f"{limit:g}", "--", *TINY, "--max_steps", "16",

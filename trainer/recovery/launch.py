@@ -148,7 +148,8 @@ def add_rendezvous_args(p: argparse.ArgumentParser) -> None:
                    help="nodes beyond --nnodes that wait in the rendezvous to replace a lost "
                         "one (node ranks --nnodes and up); ft_launcher modes")
     p.add_argument("--node_timeout", type=float, default=LaunchSpec.node_timeout,
-                   help="seconds without a rendezvous keep-alive after which a node is lost")
+                   help="seconds without a sign of life after which a node is lost (its "
+                        "rendezvous keep-alive; from NVRx 0.6 its beat in the store)")
     p.add_argument("--rdzv_last_call_timeout", type=float,
                    default=LaunchSpec.rdzv_last_call_timeout,
                    help="with --min_nodes below --nnodes: once enough nodes joined, seconds to "
