@@ -8,8 +8,10 @@
 #   nodes  the lost-node takeover on the image's NVRx (bench.node_loss, a spare and two ways to
 #          lose a node; the spares tests) with CPU ranks computing in fp32, and one bf16 CPU
 #          job under Python's fault handler: where that image's torch crashes in bf16 on this CPU
+#   writer the checkpoint writer on the image's NVRx with a GPU rank (told its requests hold
+#          host memory only): a tiny-model run through two exceptions, every checkpoint committed
 set -uo pipefail
-call=${1:?usage: bench/plans/h200x1.sh paths|nodes}
+call=${1:?usage: bench/plans/h200x1.sh paths|nodes|writer}
 export OUT=${OUT:-bench/results}
 here=$(dirname "$0")/..
 mkdir -p "$OUT"
@@ -47,5 +49,13 @@ case "$call" in
     cp /tmp/node-loss/*.json "$OUT"/
     tar -czf "$OUT/logs.tar.gz" -C /tmp --exclude='*/checkpoints' --exclude='*/nodes' \
       node-loss/runs bf16 ;;
-  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes" >&2; exit 2 ;;
+  writer)
+    timeout 300 python3 -m devtools.local --mode ft_launcher --nproc_per_node 1 --run_dir /tmp/w \
+      -- --model tiny --device cuda --max_steps 40 --checkpoint_interval 10 \
+      --fault_count 2 --fault_seed 1 --fault_types exception --fault_after_step 5 \
+      > "$OUT/writer.log" 2>&1; echo "writer run rc=$?"
+    cp /tmp/w/results.json "$OUT/writer-results.json"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$OUT/writer.log" 2>&1
+    python3 -c "import json; r = json.load(open('$OUT/writer-results.json')); print({k: r.get(k) for k in ('steps_completed', 'restarts', 'checkpoint', 'param_sha256')})" ;;
+  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, writer" >&2; exit 2 ;;
 esac
