@@ -3,7 +3,8 @@
 In the ft_launcher modes no node is special: the rendezvous store, the process-group store
 and the in-process Wrapper's stores (the contract's ports from P, `config.contract`) are
 served by `python -m trainer.recovery.store_server` in a pod of their own on a system node, and
-every launcher is given `--master_addr <this Service> --external_store`. Any training node,
+every launcher is given `--master_addr <this Service> --external_store`. The pod gets the
+launchers' rendezvous flags: with NVRx 0.6+ it closes their rounds too. Any training node,
 node rank 0's included, can then be lost and its place taken by a spare.
 
 - A Deployment of one replica, `Recreate`: never two stores at once (launchers would split
