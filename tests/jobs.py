@@ -84,14 +84,15 @@ def run_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str, nproc: 
 
 
 def start_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str,
-                local_args: tuple[str, ...] = (), nproc: int = 2) -> subprocess.Popen:
+                local_args: tuple[str, ...] = (), nproc: int = 2,
+                extra_env: Optional[dict] = None) -> subprocess.Popen:
     pace(cache)
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "test-output.log", "w")
     return subprocess.Popen(local_cmd(mode, run_dir, *trainer_args, nproc=nproc,
                                       local_args=local_args),
-                            cwd=ROOT, env=env_for(cache), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            cwd=ROOT, env={**env_for(cache), **(extra_env or {})}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def launcher_flags(mode: str) -> tuple[str, ...]:
