@@ -51,8 +51,10 @@ def test_a_frozen_rank_is_one_counted_failure(cache_dir, reference, tmp_path, re
     res = results(run_dir, signalled=True)
     assert res["param_sha256"] == ref["param_sha256"]
     (f,) = res["faults"]
-    assert f["injected"] == [] and f["type"] is None and 1 in f["failed_ranks"]
-    # the peer, blocked in the collective, stops its progress stamps at the same step
+    assert f["injected"] == [] and f["type"] is None
+    # the peer, blocked in the collective, stops its progress stamps at the same step: the
+    # Wrapper names whichever stopped first, the frozen rank or (under load) that peer
+    assert f["failed_ranks"] and set(f["failed_ranks"]) <= {0, 1}
     assert (f["detected_by"], f["detection"]) == ("inprocess", "soft_timeout")
     assert f["t_source"] in ("last_step", "last_event_of_rank")
     assert 0 < f["detected_seconds"] < f["recovery_seconds"]
