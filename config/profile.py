@@ -360,6 +360,11 @@ class Profile(_Strict):
         return self.data.tokenizer or TOKENIZERS.get(model, model)
 
     @property
+    def nvrx_release(self) -> tuple[int, ...]:
+        """`nvrx_version` as a tuple (validated when the profile loads)."""
+        return nvrx_release(self.nvrx_version)
+
+    @property
     def instance(self) -> InstanceSpec:
         return instance_spec(self.instance_type)
 

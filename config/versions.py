@@ -53,8 +53,9 @@ def kubectl_skew(version: str) -> int:
 NVRX_OLDEST = (0, 4, 1)
 NVRX_NEWEST_MINOR = (0, 7)
 DEFAULT_NVRX_VERSION = "0.7.0"
-# From 0.6 ft_launcher's rendezvous keeps a fixed world: spares wait, but a world never shrinks.
-NVRX_FIXED_WORLD_FROM = (0, 6)
+# From 0.6 ft_launcher's rendezvous is a barrier rendezvous: its world is fixed (spares wait, a
+# world never shrinks), only the store's host closes a round, and it keeps no keep-alive.
+NVRX_BARRIER_RENDEZVOUS_FROM = (0, 6)
 
 
 def nvrx_release(version: str) -> tuple[int, ...]:
@@ -72,4 +73,4 @@ def nvrx_release(version: str) -> tuple[int, ...]:
 
 def nvrx_shrinks_world(release: tuple[int, ...]) -> bool:
     """Whether ft_launcher of NVRx `release` trains on with fewer nodes than it started with."""
-    return release[:2] < NVRX_FIXED_WORLD_FROM
+    return release[:2] < NVRX_BARRIER_RENDEZVOUS_FROM

@@ -35,6 +35,7 @@ from trainer.accounting.events import events_dir, job_log
 from trainer.config import MODES
 from trainer.durable.lease import RUN_ID_ENV
 from trainer.recovery.lifetime import child_dies_with_me
+from trainer.recovery.store_server import listening
 from trainer.recovery.termination import SIGTERM_EXIT_CODE
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
                                      launch_env, rendezvous_argv, stop_on_sigterm,
@@ -269,15 +270,11 @@ def start_store(spec: LaunchSpec, run_dir: Path, timeout_s: float = 60.0) -> sub
                             env={**os.environ, "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1"},
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=child_dies_with_me())
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the store process exited with {proc.returncode}: see "
-                               f"{run_dir / 'store.log'}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        time.sleep(0.1)
+    if listening("127.0.0.1", port, timeout_s, proc):
+        return proc
+    if proc.poll() is not None:
+        raise RuntimeError(f"the store process exited with {proc.returncode}: see "
+                           f"{run_dir / 'store.log'}")
     proc.kill()
     raise RuntimeError(f"the store process did not listen on port {port} within {timeout_s:g} s")
 

@@ -17,7 +17,7 @@ from config.contract import (EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EX
                              TERMINATION_GRACE_FLOOR_S)
 from config.presets import PRESETS
 from config.training import TrainConfig, batch_problem_down_to, describe
-from config.versions import NVRX_FIXED_WORLD_FROM, nvrx_release, nvrx_shrinks_world
+from config.versions import NVRX_BARRIER_RENDEZVOUS_FROM, nvrx_shrinks_world
 from k8s import naming, outputs
 from k8s.errors import SynthError
 from k8s.image import TrainerImage, trainer_image
@@ -229,11 +229,11 @@ def check_elastic(profile: Profile, mode: str) -> None:
         raise SynthError(f"profile {profile.name!r}: {what} needs a mode whose launcher restarts "
                          f"workers within the Job ({allowed}), not {mode}")
     shrinks = profile.shrink_floor < profile.node_count
-    if shrinks and not nvrx_shrinks_world(nvrx_release(profile.nvrx_version)):
+    if shrinks and not nvrx_shrinks_world(profile.nvrx_release):
         raise SynthError(
             f"profile {profile.name!r}: min_nodes {profile.shrink_floor} below node_count "
             f"{profile.node_count} needs an image with NVRx before "
-            f"{'.'.join(map(str, NVRX_FIXED_WORLD_FROM))}, whose ft_launcher lets the world "
+            f"{'.'.join(map(str, NVRX_BARRIER_RENDEZVOUS_FROM))}, whose ft_launcher lets the world "
             f"shrink; nvrx_version {profile.nvrx_version} keeps it fixed (set nvrx_version: "
             "0.4.1 and `make image`, or drop min_nodes)")
 

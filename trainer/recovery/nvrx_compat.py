@@ -68,7 +68,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from config.versions import NVRX_FIXED_WORLD_FROM, nvrx_shrinks_world
+from config.versions import NVRX_BARRIER_RENDEZVOUS_FROM, nvrx_shrinks_world
 from trainer.recovery.lifetime import follow_parent
 
 NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
@@ -183,6 +183,11 @@ def nnodes_flag(min_nodes: int, nnodes: int, spare_nodes: int) -> str:
     return f"{nnodes}:{nnodes + spare_nodes}"
 
 
+def _barrier_rendezvous() -> bool:
+    """Whether the installed ft_launcher meets in the barrier rendezvous (0.6+)."""
+    return NVRX_VERSION >= NVRX_BARRIER_RENDEZVOUS_FROM
+
+
 def rendezvous_closer(rendezvous_flags: list[str]) -> Optional[list[str]]:
     """argv of the process that closes each rendezvous round of ft_launchers that host no
     store (`--external_store`), given their rendezvous flags; None where none is needed.
@@ -192,7 +197,7 @@ def rendezvous_closer(rendezvous_flags: list[str]) -> Optional[list[str]]:
     launcher that hosts no store never does: without a closer every launcher waits in the
     first round until its join timeout. NVRx's own closer for a store outside the training
     nodes is `nvrx-control`, which then hosts the rendezvous store itself."""
-    if NVRX_VERSION < NVRX_FIXED_WORLD_FROM:
+    if not _barrier_rendezvous():
         return None
     return [sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.control_plane",
             *rendezvous_flags, "--ft-enable-log-server=false"]
@@ -202,7 +207,7 @@ def rendezvous_finds_silent_nodes() -> bool:
     """Whether the installed ft_launcher's rendezvous drops a node that stops answering: before
     0.6 its keep-alive expires (`use_lost_participant_restart`); from 0.6 it keeps none, and the
     trainer's ranks watch each other's nodes instead (`trainer.recovery.nodewatch`)."""
-    return NVRX_VERSION < NVRX_FIXED_WORLD_FROM
+    return not _barrier_rendezvous()
 
 
 def shrinks_world() -> bool:
