@@ -92,6 +92,10 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--node_return_s", type=float, default=0.0,
                    help="a lost node's launcher starts again this many seconds later, as the "
                         "Job recreates a lost pod (negative: never)")
+    p.add_argument("--node_return_steps", type=int, default=None,
+                   help="instead: a lost node's launcher starts again once the others trained "
+                        "this many steps since its loss (a return at a known point of training, "
+                        "whatever the machine's speed)")
     p.add_argument("--node_timeout", type=float, default=LaunchSpec.node_timeout,
                    help="seconds without a sign of life after which a node is lost (its "
                         "rendezvous keep-alive; from NVRx 0.6 its beat in the store)")
@@ -127,6 +131,8 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                                args.external_store)
     if problem:
         p.error(problem)
+    if args.node_return_steps is not None and args.node_return_steps < 1:
+        p.error(f"--node_return_steps {args.node_return_steps} must be at least 1")
     if args.node_timeout < 1:
         p.error(f"--node_timeout {args.node_timeout:g} must be at least 1 (seconds)")
     args.total_nodes = args.nnodes + args.spare_nodes
@@ -298,6 +304,55 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+class Returns:
+    """When each lost node's launcher starts again, as the Job recreates its pod: after
+    --node_return_s seconds (negative: never), or once the others trained --node_return_steps
+    steps since the loss (rank 0's step events, followed as the log grows)."""
+
+    def __init__(self, args, log_dir: Path):
+        self.seconds, self.steps, self.log_dir = args.node_return_s, args.node_return_steps, log_dir
+        self._lost: dict[int, tuple[float, float]] = {}  # node -> (monotonic, wall) at its loss
+        self._trained: dict[int, int] = {}  # node -> steps trained since its loss
+        self._follower = None
+
+    def __contains__(self, node: int) -> bool:
+        return node in self._lost
+
+    def lose(self, node: int) -> None:
+        self._lost[node] = (time.monotonic(), time.time())
+        self._trained[node] = 0
+
+    def by_time(self) -> bool:
+        """Whether some lost node comes back whatever the others do: without one, a run whose
+        every node is lost is over."""
+        return bool(self._lost) and self.steps is None and self.seconds >= 0
+
+    def due(self) -> list[int]:
+        """The lost nodes whose launchers start now (and are no longer lost)."""
+        if self.steps is not None:
+            self._count_steps()
+            due = [n for n, k in self._trained.items() if k >= self.steps]
+        elif self.seconds >= 0:
+            due = [n for n, (t, _) in self._lost.items() if time.monotonic() >= t + self.seconds]
+        else:
+            due = []
+        for node in due:
+            del self._lost[node], self._trained[node]
+        return due
+
+    def _count_steps(self) -> None:
+        from trainer.accounting.events import Follower
+
+        if not self._lost:
+            return
+        if self._follower is None:
+            self._follower = Follower(self.log_dir, window=0.0)
+        for e in self._follower.poll():
+            if e["event"] == "step":
+                for node, (_, wall) in self._lost.items():
+                    self._trained[node] += e["t"] > wall
+
+
 def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
               figures: Sequence[Optional[Path]] = ()) -> int:
     """Run the job; restart all of it after a failure, as a Kubernetes Job would."""
@@ -321,7 +376,7 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
             training = range(args.nnodes)
             sizes = _log_sizes(log_dir, training)
             procs = _start(args, cfg, trainer_args, run_dir, port, attempt, final, figs, training)
-            returns: dict[int, float] = {}  # lost node -> when its launcher starts again
+            returns = Returns(args, log_dir)
             failed = None
             try:
                 while True:
@@ -342,23 +397,20 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
                                         exit_code=p.returncode)
                             print(f"devtools.local: node {node} lost (its launcher exited with "
                                   f"{p.returncode}); the others carry on", flush=True)
-                            returns[node] = time.monotonic() + args.node_return_s \
-                                if args.node_return_s >= 0 else float("inf")
+                            returns.lose(node)
                     failed = next((p for p, c in zip(procs, codes) if c not in (None, 0)
                                    and not lost(args, p)), None)
                     live = [c for p, c in zip(procs, codes) if not lost(args, p)]
                     if failed is not None or (live and all(c == 0 for c in live)):
                         break
-                    if not live and not any(t != float("inf") for t in returns.values()):
+                    if not live and not returns.by_time():
                         failed = procs[0]  # every node lost, none to come back
                         break
-                    for node, when in list(returns.items()):
-                        if time.monotonic() >= when:
-                            del returns[node]
-                            procs[node] = _start_node(args, cfg, trainer_args, run_dir, port,
-                                                      attempt, final, figs[node], node)
-                            events.emit("node_returned", node=node, attempt=attempt)
-                            print(f"devtools.local: node {node} is back", flush=True)
+                    for node in returns.due():
+                        procs[node] = _start_node(args, cfg, trainer_args, run_dir, port,
+                                                  attempt, final, figs[node], node)
+                        events.emit("node_returned", node=node, attempt=attempt)
+                        print(f"devtools.local: node {node} is back", flush=True)
                     if args.timeout and time.time() - started > args.timeout:
                         _stop(procs)
                         print(f"devtools.local: error: job did not finish within "

@@ -1,13 +1,15 @@
 """Lost nodes with real launchers killed outright (a `node` fault, or SIGKILL to every process of
 a simulated node): a spare takes the lost node's place, the node that would host the stores is
 survived like any other (the stores live in a process of their own), and with no spare left the
-world shrinks and training goes on. Proven by the event log and the final parameters."""
+world shrinks, training goes on, and the world grows back when the node returns. Proven by
+the event log and the final parameters."""
 
 from __future__ import annotations
 
 import shutil
 import signal
 import subprocess
+from typing import Optional, Sequence
 
 import pytest
 
@@ -23,17 +25,30 @@ STEPS = 16
 TIERS = ["--tiers", "memory,node,peer", "--snapshot_interval", "1"]
 
 
-def node_fault(steps: int, world: int, first: int, last: int) -> list[str]:
-    """Flags for one scheduled `node` fault (the published algorithm: never rank 0) at a step
-    in [first, last]; the seed is searched, not the algorithm bent."""
+Wanted = Sequence[Optional[tuple[str, int, int]]]  # per fault in step order: (type, first, last)
+
+
+def fault_flags(steps: int, wanted: dict[int, Wanted]) -> list[str]:
+    """Flags for a seeded schedule (the published algorithm: never rank 0) whose faults are, at
+    each world size of `wanted`, of the types and in the step ranges it lists (None: any); the
+    seed is searched, not the algorithm bent. The schedule is drawn at the world size a rank
+    runs in, so after the world changed, the same steps may carry other types."""
     from trainer.faults.schedule import schedule
 
-    for seed in range(10_000):
-        (fault,) = schedule(seed, 1, 2, steps, world, ["node"])
-        if first <= fault.step <= last:
-            return ["--fault_count", "1", "--fault_seed", str(seed), "--fault_after_step", "2",
-                    "--fault_types", "node"]
-    raise AssertionError(f"no seed puts a node fault in steps [{first}, {last}]")
+    count = max(len(w) for w in wanted.values())
+    types = sorted({f[0] for w in wanted.values() for f in w if f})
+    for seed in range(100_000):
+        if all(want is None or (f.type == want[0] and want[1] <= f.step <= want[2])
+               for world, w in wanted.items()
+               for f, want in zip(schedule(seed, count, 2, steps, world, types), w)):
+            return ["--fault_count", str(count), "--fault_seed", str(seed),
+                    "--fault_after_step", "2", "--fault_types", ",".join(types)]
+    raise AssertionError(f"no seed gives the faults {wanted}")
+
+
+def node_fault(steps: int, world: int, first: int, last: int) -> list[str]:
+    """Flags for one scheduled `node` fault at a step in [first, last]."""
+    return fault_flags(steps, {world: [("node", first, last)]})
 
 
 def local_flags(pace, mode: str, *extra: str) -> tuple[str, ...]:
@@ -139,34 +154,50 @@ def test_losing_the_node_that_would_host_the_stores_is_survived(spares_job):
 
 
 @pytest.mark.skipif(not shrinks_world(), reason="the installed NVRx keeps a fixed world")
-def test_with_no_spare_left_the_world_shrinks_and_training_goes_on(cache_dir, pace, reference,
-                                                                    tmp_path):
+def test_with_no_spare_left_the_world_shrinks_then_grows_back(cache_dir, pace, reference,
+                                                              tmp_path):
     """Under ft_launcher+inprocess: the Wrapper's and the application store in the store
-    process too; the Wrapper, which may not shrink the world, hands the loss to the launcher."""
+    process too; the Wrapper, which may not change the world, hands the loss to the launcher.
+    The lost node comes back once the lone survivor trained three steps, and the world grows
+    back to two nodes at a following round. A hang a few steps later holds the survivor for
+    its detection time (at this machine's pace), so the lone node does not finish the run
+    before the returning launcher has joined."""
     ref = reference(steps=STEPS, nproc=2)
     run_dir = tmp_path / "run"
     mode = "ft_launcher+inprocess"
     ok(run_local(cache_dir, mode, run_dir, "--max_steps", str(STEPS),
                  "--checkpoint_interval", "2", *TIERS, *pace.recovery_flags(),
-                 *node_fault(STEPS, 2, 8, 10), nproc=1,
-                 local_args=local_flags(pace, mode, "--min_nodes", "1")))
+                 *fault_flags(STEPS, {2: [("node", 5, 6), ("hang", 11, 13)],
+                                     1: [None, ("hang", 11, 13)]}), nproc=1,
+                 local_args=local_flags(pace, mode, "--min_nodes", "1",
+                                        "--node_return_steps", "3")))
     ev = events(run_dir)
     (lost,) = lost_nodes(ev)
-    assert lost["node"] == 1
-    after = [e for e in ev if e["event"] == "launch" and e["t"] > lost["t"]]
-    assert after and {e["world_size"] for e in after} == {1}, "one node trains on alone"
-    (start,) = [e for e in ev if e["event"] == "train_start" and e["t"] > lost["t"]]
+    (back,) = [e for e in ev if e["event"] == "node_returned"]
+    assert lost["node"] == back["node"] == 1
+    launches = [e for e in ev if e["event"] == "launch" and e["t"] > lost["t"]]
+    assert launches and launches[0]["world_size"] == 1, "one node trains on alone"
+    assert launches[-1]["world_size"] == 2 and launches[-1]["t"] > back["t"], "two nodes again"
+    start = next(e for e in ev if e["event"] == "train_start" and e["t"] > lost["t"])
     # the newest commit before the restart: one in flight at the loss may still land after it
     committed = [e["step"] for e in ev if e["event"] == "ckpt_commit" and e["t"] < start["t"]]
     assert committed, "a checkpoint was committed before the restart"
-    # the snapshots are of two ranks' shards: one rank resumes from the durable checkpoint
-    (load,) = [e for e in ev if e["event"] in ("ckpt_load", "snapshot_load") and e["t"] > lost["t"]]
-    assert load["event"] == "ckpt_load" and load["step"] == start["step"] == max(committed)
+    # the snapshots are of the other world's shards: each world change resumes from the
+    # durable checkpoint, resharded
+    loads = [e for e in ev if e["event"] in ("ckpt_load", "snapshot_load") and e["t"] > lost["t"]]
+    assert loads[0]["event"] == "ckpt_load" and loads[0]["step"] == start["step"] == max(committed)
+    grown = {}  # rank -> its first restore in the grown world
+    for e in loads:
+        if e["t"] > launches[-1]["t"]:
+            grown.setdefault(e["rank"], e)
+    assert sorted(grown) == [0, 1] and all(
+        e["event"] == "ckpt_load" and e["saved_world_size"] == 1 for e in grown.values()), \
+        "the grown world reads the lone node's checkpoint"
     # the loss curve goes on where it was: the global batch is the same at either world size
     ref_loss = {e["step"]: e["loss"] for e in events(ref["run_dir"]) if e["event"] == "step"}
-    shrunk = {e["step"]: e["loss"] for e in ev if e["event"] == "step" and e["t"] > start["t"]}
-    assert sorted(shrunk) == list(range(start["step"] + 1, STEPS + 1))
-    for step, loss in shrunk.items():
+    after = {e["step"]: e["loss"] for e in ev if e["event"] == "step" and e["t"] > start["t"]}
+    assert sorted(after) == list(range(start["step"] + 1, STEPS + 1))
+    for step, loss in after.items():
         assert loss == pytest.approx(ref_loss[step], rel=1e-4), f"step {step}"
     res = results(run_dir, signalled=True)
     assert res["steps_completed"] == STEPS
