@@ -1,9 +1,10 @@
 """A frozen node found by its neighbour's watch (`trainer.recovery.nodewatch`), end to end: the
 ranks of one simulated node are stopped with SIGSTOP (a machine that hangs, its connections
 open); the other node's first rank sees its beat stop, leaves, and the spare takes the silent
-node's seat. NVRx 0.6+ needs the watch (its rendezvous keeps no keep-alive); here the
-installed NVRx's keep-alive, the heartbeat and the collective timeout are set far beyond it,
-so only the watch can find the node in time."""
+node's seat. NVRx 0.6+ needs the watch (its rendezvous keeps no keep-alive); here the heartbeat
+and the collective timeout are set far beyond it, and the installed NVRx's keep-alive six
+times beyond it, so only the watch can find the node in time. NVRx 0.4's rendezvous still
+holds the silent node's seat until its keep-alive expires: the spare is seated then."""
 
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ def test_a_frozen_node_is_found_by_its_neighbours_watch_and_a_spare_takes_its_pl
         cache_dir, pace, reference, tmp_path):
     run_dir = tmp_path / "run"
     far = f"{pace.seconds(120):g}"
+    keep_alive = f"{pace.seconds(24):g}"
     job = start_local(cache_dir, "ft_launcher", run_dir, "--max_steps", str(STEPS),
                       "--checkpoint_interval", "4", *TIERS, *pace.recovery_flags(),
                       "--nccl_timeout", far, nproc=1,
                       local_args=("--nnodes", "2", "--spare_nodes", "1",
                                   *pace.runner_flags("ft_launcher"), "--heartbeat_timeout", far,
-                                  "--node_timeout", far, "--node_return_s", "-1"),
+                                  "--node_timeout", keep_alive,
+                                  "--node_return_s", "-1"),
                       extra_env={NODE_TIMEOUT_ENV: f"{pace.seconds(4):g}"})
     frozen = []
     try:
