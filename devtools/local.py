@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -46,14 +47,24 @@ JOB_RESTARTS = 10
 EVERY_STEP_TIERS = ("--tiers", "memory,node", "--snapshot_interval", "1")
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out on its own (to listeners on port 0 and to every
+    outgoing connection's source)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_block(count: int = PORTS_PER_JOB) -> int:
-    """A port P with P..P+count-1 free (the launcher's ports, `config.contract`)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
+    """A port P with P..P+count-1 free (the launcher's ports, `config.contract`), drawn below
+    the kernel's ephemeral range: a port in it may be taken, between this check and the
+    launcher's bind, as the source port of any connection on the machine (other jobs' gloo
+    and store clients), which fails the launcher's listen."""
+    rng = random.Random()
+    high = _ephemeral_low() - count
+    for _ in range(200):
+        base = rng.randrange(10_000, high) if high > 10_000 else rng.randrange(1024, 65535 - count)
         ok = True
         for p in range(base, base + count):
             with socket.socket() as s:

@@ -53,3 +53,17 @@ def test_values_the_environment_already_has_win(mode):
     preset = {name: "preset" for name in process_env(mode, 60, 60)}
     env = launch_env(LaunchSpec(mode, 1, 2, 0, "127.0.0.1"), cfg, base=preset)
     assert {name: env[name] for name in preset} == preset
+
+
+def test_a_port_block_is_free_and_below_the_kernels_ephemeral_range():
+    """A port the kernel may give any outgoing connection could be taken before the launcher
+    binds it."""
+    import socket
+
+    from devtools.local import _ephemeral_low, free_port_block
+
+    base = free_port_block(3)
+    assert 1024 <= base and base + 3 <= _ephemeral_low()
+    with socket.socket() as a, socket.socket() as b, socket.socket() as c:
+        for s, port in zip((a, b, c), range(base, base + 3)):
+            s.bind(("127.0.0.1", port))
