@@ -343,7 +343,8 @@ def serve_metrics(port: int, workdir: Path, env: dict, addr: str = "0.0.0.0") ->
 
 
 def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
-              grace_s: float = float(TERMINATION_GRACE_FLOOR_S)) -> int:
+              grace_s: float = float(TERMINATION_GRACE_FLOOR_S),
+              finished: Callable[[], Optional[str]] = lambda: None) -> int:
     """Run the launcher; end it as soon as a rank records an error that no restart can fix.
 
     torchrun and ft_launcher turn any worker failure into their own exit code 1 (ft_launcher
@@ -356,6 +357,11 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
     newest state and stop (`trainer.recovery.termination`); this process waits for them up to
     `grace_s` and exits 143 (`stop_on_sigterm`). SIGINT goes to the launcher, which tears them
     down at once.
+
+    A node that comes after the run has ended (a lost node's replacement pod, scheduled once its
+    instance is up) finds the rendezvous closed, and its launcher exits 1. Where `finished`
+    names the run's end, that exit is 0 and no failure is recorded: otherwise the Job would
+    count a failed pod, retry it, and end Failed after training had completed.
     """
     final = (workdir or Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))) / "final-error"
     become_subreaper()
@@ -377,6 +383,11 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
         return stop_on_sigterm("python -m trainer.recovery.launch", [proc],
                                lambda: not reap_orphans(proc), grace_s)
     if proc.returncode not in (0, 2, None) and not final.exists():
+        end = finished()
+        if end is not None:
+            print(f"python -m trainer.recovery.launch: the run has ended ({end}): this node has "
+                  f"nothing to train", file=sys.stderr, flush=True)
+            return 0
         from trainer.recovery.launcher_events import record_launcher_exit
 
         record_launcher_exit(env, proc.returncode)
@@ -480,6 +491,19 @@ def reap_orphans(proc: subprocess.Popen) -> bool:
     return proc.returncode is not None
 
 
+def run_end(cfg) -> Optional[str]:
+    """Whether the run has trained to its end: its checkpoint of step max_steps is committed
+    (rank 0 commits it after the last step, before results.json). One directory listing."""
+    if not cfg.checkpoint_dir:
+        return None
+    from trainer.durable.store import CheckpointStore
+
+    step = CheckpointStore(cfg.checkpoint_dir).latest_step()
+    if step is None or step < cfg.max_steps:
+        return None
+    return f"step {step} of {cfg.max_steps} is committed in {cfg.checkpoint_dir}"
+
+
 def record_final_error(message: str) -> None:
     """Called by a rank: hand an error no restart can fix to `supervise` (first one wins)."""
     path = os.environ.get(FINAL_ERROR_ENV)
@@ -504,7 +528,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{exc.strerror or exc}", file=sys.stderr)
             return 2
     print("launch:", " ".join(cmd), flush=True)
-    return supervise(cmd, env, workdir, cfg.termination_grace)
+    # Only the ft_launcher modes take in a node during the run; under torchrun a pod that
+    # fails is a gang restart, which an ended run never has.
+    late = RecoveryMode(spec.mode).launcher_restarts_workers
+    return supervise(cmd, env, workdir, cfg.termination_grace,
+                     finished=(lambda: run_end(cfg)) if late else (lambda: None))
 
 
 if __name__ == "__main__":
