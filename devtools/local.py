@@ -39,7 +39,7 @@ from trainer.recovery.lifetime import child_dies_with_me
 from trainer.recovery.store_server import listening
 from trainer.recovery.termination import SIGTERM_EXIT_CODE
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
-                                     launch_env, rendezvous_argv, stop_on_sigterm,
+                                     launch_env, rendezvous_argv, run_end, stop_on_sigterm,
                                      topology_problem)
 
 # Whole-job restarts by default where the Job is the only layer that recovers (baseline).
@@ -364,6 +364,15 @@ class Returns:
                     self._trained[node] += e["t"] > wall
 
 
+def _came_late(args, cfg, node: int) -> bool:
+    """Node `node`'s launcher failed because it came after the run had ended (it found the
+    rendezvous closed): its exit counts as 0, as the pods' launcher makes it (`run_end`)."""
+    end = run_end(cfg) if RecoveryMode(args.mode).launcher_restarts_workers else None
+    if end is not None:
+        print(f"devtools.local: node {node} came after the run ended ({end})", flush=True)
+    return end is not None
+
+
 def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
               figures: Sequence[Optional[Path]] = ()) -> int:
     """Run the job; restart all of it after a failure, as a Kubernetes Job would."""
@@ -388,6 +397,7 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
             sizes = _log_sizes(log_dir, training)
             procs = _start(args, cfg, trainer_args, run_dir, port, attempt, final, figs, training)
             returns = Returns(args, log_dir)
+            ended = set()  # nodes whose launcher started after the run's end (`_came_late`)
             failed = None
             try:
                 while True:
@@ -401,7 +411,7 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
                             a > b for a, b in zip(_log_sizes(log_dir, training), sizes)):
                         procs += _start(args, cfg, trainer_args, run_dir, port, attempt, final,
                                         figs, range(args.nnodes, args.total_nodes))
-                    codes = [p.poll() for p in procs]
+                    codes = [0 if n in ended else p.poll() for n, p in enumerate(procs)]
                     for node, p in enumerate(procs):
                         if lost(args, p) and node not in returns:
                             events.emit("node_lost", node=node, attempt=attempt,
@@ -411,6 +421,9 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
                             returns.lose(node)
                     failed = next((p for p, c in zip(procs, codes) if c not in (None, 0)
                                    and not lost(args, p)), None)
+                    if failed is not None and _came_late(args, cfg, procs.index(failed)):
+                        ended.add(procs.index(failed))
+                        continue
                     live = [c for p, c in zip(procs, codes) if not lost(args, p)]
                     if failed is not None or (live and all(c == 0 for c in live)):
                         break
