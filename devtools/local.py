@@ -364,10 +364,10 @@ class Returns:
                     self._trained[node] += e["t"] > wall
 
 
-def _came_late(args, cfg, node: int) -> bool:
+def _came_late(cfg, node: int) -> bool:
     """Node `node`'s launcher failed because it came after the run had ended (it found the
     rendezvous closed): its exit counts as 0, as the pods' launcher makes it (`run_end`)."""
-    end = run_end(cfg) if RecoveryMode(args.mode).launcher_restarts_workers else None
+    end = run_end(cfg)
     if end is not None:
         print(f"devtools.local: node {node} came after the run ended ({end})", flush=True)
     return end is not None
@@ -421,8 +421,8 @@ def supervise(args, cfg, trainer_args: list[str], run_dir: Path,
                             returns.lose(node)
                     failed = next((p for p, c in zip(procs, codes) if c not in (None, 0)
                                    and not lost(args, p)), None)
-                    if failed is not None and _came_late(args, cfg, procs.index(failed)):
-                        ended.add(procs.index(failed))
+                    if failed is not None and _came_late(cfg, index := procs.index(failed)):
+                        ended.add(index)
                         continue
                     live = [c for p, c in zip(procs, codes) if not lost(args, p)]
                     if failed is not None or (live and all(c == 0 for c in live)):

@@ -493,8 +493,10 @@ def reap_orphans(proc: subprocess.Popen) -> bool:
 
 def run_end(cfg) -> Optional[str]:
     """Whether the run has trained to its end: its checkpoint of step max_steps is committed
-    (rank 0 commits it after the last step, before results.json). One directory listing."""
-    if not cfg.checkpoint_dir:
+    (rank 0 commits it after the last step, before results.json). One directory listing.
+    Only the ft_launcher modes take in a node during the run; under torchrun a failed pod is
+    a gang restart, which an ended run never has."""
+    if not cfg.checkpoint_dir or not RecoveryMode(cfg.mode).launcher_restarts_workers:
         return None
     from trainer.durable.store import CheckpointStore
 
@@ -528,11 +530,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{exc.strerror or exc}", file=sys.stderr)
             return 2
     print("launch:", " ".join(cmd), flush=True)
-    # Only the ft_launcher modes take in a node during the run; under torchrun a pod that
-    # fails is a gang restart, which an ended run never has.
-    late = RecoveryMode(spec.mode).launcher_restarts_workers
-    return supervise(cmd, env, workdir, cfg.termination_grace,
-                     finished=(lambda: run_end(cfg)) if late else (lambda: None))
+    return supervise(cmd, env, workdir, cfg.termination_grace, finished=lambda: run_end(cfg))
 
 
 if __name__ == "__main__":
