@@ -44,7 +44,28 @@ def dist_env(device: str) -> DistEnv:
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
+        keep_cuda_guard_alive()
     return DistEnv(rank, world, local_rank, local_world, dev)
+
+
+def keep_cuda_guard_alive() -> None:
+    """On a CUDA build of torch that sees no GPU, make the process-wide CUDA device guard one
+    that lives as long as the process. Call it from the main thread before any other thread
+    runs torch code.
+
+    With no GPU visible, the first FakeTensorMode entered (DTensor's sharding propagation
+    enters one, from whichever thread first dispatches a DTensor op) puts in torch's device
+    guard registry a no-op CUDA guard that it keeps in that thread's thread-local storage
+    (`torch._C._ensureCUDADeviceGuardSet`, measured on torch 2.11.0+cu130). The trainer builds
+    the model on a phase thread (`trainer.recovery.phases`); once that thread ends, the
+    registry points at freed memory, and the autograd engine, which asks every registered guard
+    for its device count at the first backward, crashes with SIGSEGV. Setting the guard here
+    first, on the main thread, leaves it there: a guard already set is kept. CPU-only builds
+    register no CUDA guard and a visible GPU keeps the real one: the call changes nothing then.
+    """
+    ensure = getattr(torch._C, "_ensureCUDADeviceGuardSet", None)
+    if ensure is not None and torch.backends.cuda.is_built():
+        ensure()
 
 
 def init_process_group(env: DistEnv, timeout_s: float, store: Optional[dist.Store] = None) -> None:

@@ -1,9 +1,11 @@
 """Workers forked from a process that has imported the trainer (trainer.recovery.forkserver)."""
 
 import inspect
+import json
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import ROOT
+from tests.jobs import COMPUTE_DTYPE, ROOT, env_for
 from trainer.recovery.forkserver import PRELOAD
 
 pytestmark = pytest.mark.slow  # real fork servers and launchers
@@ -45,6 +47,47 @@ def test_every_preloaded_module_imports_without_touching_cuda():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "False"
+
+
+FORKED_TRAINER = """
+import multiprocessing, os, sys
+from trainer.recovery.forkserver import PRELOAD
+
+def train(argv):
+    from trainer.cli import main
+    sys.exit(main(argv))
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    worker = ctx.Process(target=train, args=(sys.argv[1:],))
+    worker.start()
+    worker.join()
+    sys.exit(worker.exitcode if worker.exitcode >= 0 else 128 - worker.exitcode)
+"""
+
+
+def test_a_worker_forked_after_the_preload_trains(cache_dir, tmp_path):
+    """A worker forked from a fork server that imported everything PRELOAD names builds the
+    model on a phase thread and runs backward on its main thread, as ft_launcher's workers do.
+    Under a CUDA build of torch with no GPU visible (the image's torch on CPU ranks), that
+    crashed in the first backward unless the CUDA device guard was set on the main thread
+    (`trainer.loop.distributed.keep_cuda_guard_alive`)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "forked_trainer.py"
+    script.write_text(FORKED_TRAINER)
+    env = {**env_for(cache_dir), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.run([sys.executable, str(script), "--model", "tiny", "--device", "cpu",
+                           "--seq_len", "64", "--batch_size", "2", "--max_steps", "2",
+                           "--use_async_checkpoint", "false", "--final_checkpoint", "false",
+                           "--results_path", str(tmp_path / "results.json"), *COMPUTE_DTYPE],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert json.loads((tmp_path / "results.json").read_text())["steps_completed"] == 2
 
 
 def _group(code: str) -> subprocess.Popen:
