@@ -308,7 +308,13 @@ def default_heartbeat_timeout(mode: str, hard_timeout: float, floor: float = 30.
 
 
 def check(spec: LaunchSpec, cfg, prog: str = "python -m trainer.recovery.launch") -> None:
-    """Launcher and trainer settings that only fail together."""
+    """Launcher and trainer settings that only fail together, and an NVRx the trainer was not
+    tested on (`nvrx_contract`)."""
+    from trainer.recovery.nvrx_contract import problems as nvrx_problems
+
+    for problem in nvrx_problems():
+        sys.stderr.write(f"{prog}: error: {problem}\n")
+        sys.exit(2)
     if RecoveryMode(spec.mode).heartbeat_outlasts_hard_timeout and \
             spec.heartbeat_timeout <= cfg.hard_timeout:
         sys.stderr.write(
