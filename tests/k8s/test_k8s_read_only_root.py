@@ -7,9 +7,11 @@ also HOME) and /dev/shm, which also stands in for FSx here. A write anywhere els
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -44,6 +46,59 @@ def test_python_containers_write_home_and_temp_files_to_the_scratch_volume(synth
         assert env["HOME"] == SCRATCH_MOUNT and not mounts[SCRATCH_MOUNT].get("readOnly")
 
 
+def _under(path: Path, top: Path) -> bool:
+    return path == top or top in path.parents
+
+
+def pod_script(checkout: Path, job: list[str], stage: Path) -> str:
+    """The shell script that makes this mount namespace look like a pod, then runs `job` from
+    `checkout`: / read-only, a fresh tmpfs at the scratch mount. The checkout and the
+    interpreter stay visible (read-only) where they are, also under the scratch mount (a clone
+    in /tmp): each is bound to `stage` first, then moved into the tmpfs at its own path."""
+    scratch = Path(SCRATCH_MOUNT)
+    needed = sorted({checkout, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()})
+    kept = [p for p in needed if _under(p, scratch) and not any(
+        q != p and _under(p, q) for q in needed)]
+    q = shlex.quote
+    lines = ["set -eu", "mount --make-rprivate /"]
+    for i, path in enumerate(kept):
+        lines += [f"mkdir -p {q(str(stage / str(i)))}", f"mount --bind {q(str(path))} {q(str(stage / str(i)))}"]
+    lines.append(f"mount -t tmpfs scratch {q(SCRATCH_MOUNT)}")
+    for i, path in enumerate(kept):
+        lines += [f"mkdir -p {q(str(path))}", f"mount --move {q(str(stage / str(i)))} {q(str(path))}",
+                  f"mount -o remount,bind,ro {q(str(path))}"]
+    lines += ["mount -o remount,bind,ro /",
+              "if touch /.nvrx-eks-probe 2>/dev/null; then echo 'root is writable' >&2; exit 97; fi",
+              f"cd {q(str(checkout))}", "exec " + shlex.join(job)]
+    return "\n".join(lines)
+
+
+def run_in_pod_namespace(script: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_checkout_stays_visible_when_it_lives_under_the_scratch_mount():
+    """A clone in /tmp (the scratch mount): the tmpfs over /tmp must not hide it. The clone is
+    played by this checkout bound onto a directory under /tmp inside the namespace."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux unshare (Linux) for a private mount namespace")
+    clone = Path(tempfile.mkdtemp(dir=SCRATCH_MOUNT, prefix="nvrx-eks clone-"))
+    stage = Path(tempfile.mkdtemp(dir=SHM, prefix="nvrx-eks-stage-"))
+    try:
+        probe = ["sh", "-c", "test -f pyproject.toml && ! touch pyproject.toml 2>/dev/null "
+                 "&& test -z \"$(ls -A /tmp | grep -v '^nvrx-eks clone-')\" && echo visible"]
+        inner = pod_script(clone, probe, stage)
+        script = f"set -eu\nmount --make-rprivate /\nmount --bind {shlex.quote(str(ROOT))} " \
+                 f"{shlex.quote(str(clone))}\n{inner}"
+        proc = run_in_pod_namespace(script, dict(os.environ))
+        assert proc.returncode == 0 and proc.stdout.strip() == "visible", \
+            f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        clone.rmdir()
+
+
 @pytest.mark.parametrize("mode", ["baseline", "ft_launcher+inprocess"])
 def test_trainer_runs_with_only_the_pods_writable_paths(mode: str) -> None:
     if shutil.which("unshare") is None:
@@ -52,17 +107,7 @@ def test_trainer_runs_with_only_the_pods_writable_paths(mode: str) -> None:
     try:
         job = local_cmd(mode, work / "run", "--max_steps", "6", "--checkpoint_interval", "3")
         env = {**env_for(work / "cache"), "HOME": SCRATCH_MOUNT}
-        script = "\n".join([
-            "set -eu",
-            "mount --make-rprivate /",
-            f"mount -t tmpfs scratch {SCRATCH_MOUNT}",
-            "mount -o remount,bind,ro /",
-            "if touch /.nvrx-eks-probe 2>/dev/null; then echo 'root is writable' >&2; exit 97; fi",
-            f"cd {shlex.quote(str(ROOT))}",
-            "exec " + shlex.join(job),
-        ])  # fmt: skip
-        proc = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = run_in_pod_namespace(pod_script(ROOT, job, work / "stage"), env)
         assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         assert (work / "run" / "results.json").is_file()
     finally:
