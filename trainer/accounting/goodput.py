@@ -158,6 +158,7 @@ class _Failure:
     phases: dict = field(default_factory=dict)
     tiers: set = field(default_factory=set)  # of the loads since the last restart
     resumed: Optional[dict] = None  # rank 0's last train_start
+    leftovers: Optional[dict] = None  # rank 0's view, as its next in-process attempt starts
     done_before_resume: int = 0
 
     def note(self, e: dict) -> None:
@@ -189,6 +190,8 @@ class _Failure:
         elif name == "worker_failed":
             self._add(e["t"], "job", Detection.PROCESS_DEATH, None)
             self.deaths.setdefault(None, (e.get("exit_code"), None))
+        elif name == "leftovers" and e["rank"] == 0:
+            self.leftovers = e
         if name in _PHASE_OF:
             self.phases.setdefault(_PHASE_OF[name], e["t"])
         if name in ("ckpt_load", "snapshot_load") and e.get("tier"):
@@ -286,6 +289,10 @@ class _Failure:
             # neighbours after the fault) and not in the state resumed from are trained again.
             "steps_lost": max(0, self.done_before_resume - resumed["step"]) if resumed else None,
             "restored_from": max(self.tiers, key=_TIERS.index) if self.tiers else None,
+            # in-process restarts: what of the failed attempt was still alive, and the device
+            # memory the next attempt started from (rank 0)
+            "leftovers": self.leftovers.get("alive") if self.leftovers else None,
+            "device_memory": self.leftovers.get("device_memory") if self.leftovers else None,
         }
         return entry, (resumed["t"] - t if resumed else 0.0)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 import torch
 import torch.distributed as dist
 
+from trainer.loop.leftovers import Attempt
 from trainer.recovery.phases import run_here, run_phase
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class ProcessState:
     app_store: Optional[dist.Store] = None             # in-process: the trainer's own store
     ft_client: Optional["RankMonitorClient"] = None    # ft_launcher: the rank's heartbeats
     telemetry: Optional["Telemetry"] = None            # the step log's sinks and live figures
+    previous: Attempt = field(default_factory=Attempt)  # weak references to the newest attempt
 
 
 @dataclass

@@ -31,6 +31,7 @@ from trainer.loop.determinism import make_deterministic
 from trainer.loop.distributed import DistEnv, init_process_group
 from trainer.recovery.stores import pg_store
 from trainer.loop.hooks import Hooks
+from trainer.loop.leftovers import Attempt, memory_now, start_clean
 from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
 from trainer.loop.parallel import build_sharded_model
 from trainer.loop.precision import Precision
@@ -220,6 +221,10 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     """One attempt at training to max_steps; returns this rank's summary."""
     hooks = hooks or Hooks()
     log = Rank0Log(env.rank)
+    if hooks.iteration > 0:  # an in-process restart: nothing of the failed attempt may remain
+        events.emit("leftovers", iteration=hooks.iteration,
+                    **start_clean(hooks.process.previous, env.device))
+    hooks.process.previous = attempt = Attempt()
     if cfg.deterministic:
         make_deterministic()
     join_interrupted(cfg.startup_timeout, hooks.alive)
@@ -229,6 +234,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     built = hooks.phase("startup", lambda: _build(cfg, env, events, hooks, log, precision),
                         cfg.startup_timeout, env.device)
     loop = Loop(cfg, env, events, hooks, built, log)
+    attempt.track(model=built.model, optimizer=built.optimizer, loop=loop)
     for fn in hooks.on_ready:
         fn()
     events.emit("train_start", step=loop.step, iteration=hooks.iteration,
@@ -376,7 +382,8 @@ class Loop:
         return {"steps_completed": self.step, "final_loss": self.last_loss,
                 "param_sha256": param_sha256, "compute_dtype": self.precision.name,
                 "global_batch_size": self.global_batch,
-                "accumulation_steps": self.accum, **self.perf.summary(), **self.tiers.stats()}
+                "accumulation_steps": self.accum, "device_memory": memory_now(self.env.device),
+                **self.perf.summary(), **self.tiers.stats()}
 
     def finish_stopped(self) -> dict:
         """Asked to stop: commit this step if it is newer than the last checkpoint and every

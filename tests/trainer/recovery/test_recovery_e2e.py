@@ -58,6 +58,11 @@ def test_mode_recovers_from_its_faults(cache_dir, pace, reference, tmp_path, mod
         checks = [e for e in ev if e["event"] == "health_check"]
         assert len(checks) >= 2 * (len(fired) + 1)
         assert all("FaultCounter" in e["seconds"] for e in checks)
+        # every in-process attempt after a fault found the failed attempt's model, optimizer
+        # and loop collected (weak references, after a full collection)
+        starts = [e for e in ev if e["event"] == "leftovers"]
+        assert starts and all(e["alive"] == [] for e in starts), starts
+        assert all(f["leftovers"] == [] for f in res["faults"] if f["leftovers"] is not None)
     if mode == "baseline":  # the other rank left with the one that raised, not after it
         raised = next(f for f in fired if f["type"] == "exception")
         left = first(ev, "peer_failed", after=raised["t"])
