@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bench.scrub import scrub
 from devtools.local import node_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     for case in cases:
         row = {"machine": machine(), **run_case(case, a.out, a.limit_s, a.compute_dtype)}
-        (a.out / f"{case}.json").write_text(json.dumps(row, indent=1) + "\n")
+        (a.out / f"{case}.json").write_text(json.dumps(scrub(row), indent=1) + "\n")
         print(case, row["exit_code"], json.dumps(row["breakdown"]), flush=True)
     return 0
 

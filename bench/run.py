@@ -32,6 +32,7 @@ from typing import Optional
 from config.contract import RecoveryMode
 from devtools.local import EVERY_STEP_TIERS, mode_flags, tier_flags
 from config.training import choices
+from bench.scrub import scrub
 from trainer.accounting.events import events_dir, log_files, read_events, write_jsonl
 
 ACTIVATION_CHECKPOINTING = choices("activation_checkpointing")
@@ -425,7 +426,8 @@ def _machine() -> dict:
 
 def _save(out: Path, name: str, data: dict) -> None:
     meta = {**_machine(), "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    (out / f"{name}.json").write_text(json.dumps({"machine": meta, "results": data}, indent=1))
+    text = json.dumps(scrub({"machine": meta, "results": data}), indent=1)
+    (out / f"{name}.json").write_text(text)
 
 
 def _version(pkg: str) -> Optional[str]:

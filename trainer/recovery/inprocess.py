@@ -178,7 +178,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: Re
         progress_watchdog_interval=timedelta(seconds=2.0),
         # A peer's exception reaches every rank's monitor thread at once (a store wait, in
         # chunks of monitor_thread_interval); the thread then waits last_call_wait for other
-        # ranks' failures before it aborts. That wait is all of the detection time: 0.25 s
+        # ranks' failures before it aborts. That wait is all of the detection time: 0.05 s
         # stamped on GPUs (NVRx's default, 1 s). Failures further apart restart twice.
         monitor_thread_interval=timedelta(seconds=0.25),
         last_call_wait=timedelta(seconds=0.05),
