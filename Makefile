@@ -5,6 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+IMAGE_VENV := .venv-image
+IMAGE_PY := $(IMAGE_VENV)/bin/python
 CDK_VERSION := 2.1148.1
 CDK := .cache/cdk/node_modules/.bin/cdk
 # The IaC scanner the tests run (tests/checkov.py); its version and its libraries' are pinned in
@@ -24,6 +26,17 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt -e '.[trainer,infra,dev]'
+	touch $@
+
+# The image leg: the GPU image's software on CPU ranks, on this machine's Python. Its torch (a
+# CUDA build that sees no GPU) and transformers are pinned in requirements-image.txt with NVRx
+# 0.7's dependencies; NVRx 0.7 itself (its wheel is for Python 3.12 only) is unpacked from the
+# pinned wheel, checked by hash (devtools.image_nvrx). docs/testing.md says what it covers.
+$(IMAGE_VENV)/.installed: pyproject.toml requirements-image.txt devtools/image_nvrx.py config/versions.py
+	$(PYTHON) -m venv $(IMAGE_VENV)
+	$(IMAGE_PY) -m pip install -q -r requirements-image.txt
+	$(IMAGE_PY) -m pip install -q --no-deps -e .
+	$(IMAGE_PY) -m devtools.image_nvrx
 	touch $@
 
 $(CDK):
@@ -50,12 +63,22 @@ $(PROMETHEUS):
 demo: $(VENV)/.installed
 	$(PY) -m devtools.demo
 
-# pytest exits 5 when it collects no tests: that is not a failure of the code under test.
-# Two workers (pytest-xdist): most of a test job's seconds are waits (timeouts, hangs,
+# Two legs at once. The main leg: the whole suite on this machine's pinned torch and NVRx 0.4.1.
+# The image leg: the recovery tests (launch topology, spares, shrink, node loss, restarts) on the
+# GPU image's torch and NVRx 0.7 ($(IMAGE_VENV)), its output shown after the main leg's. Each leg
+# runs TEST_WORKERS pytest-xdist workers: most of a test job's seconds are waits (timeouts, hangs,
 # restarts), and every job's timeouts follow the pace its worker measured under that load.
+# pytest exits 5 when it collects no tests: that is not a failure of the code under test.
 TEST_WORKERS ?= 2
-test: $(VENV)/.installed $(CDK) $(CHECKOV) $(PROMETHEUS)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+IMAGE_TESTS ?= tests/trainer/recovery
+test: $(VENV)/.installed $(IMAGE_VENV)/.installed $(CDK) $(CHECKOV) $(PROMETHEUS)
+	@mkdir -p .cache; $(IMAGE_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider \
+		$(IMAGE_TESTS) > .cache/image-leg.log 2>&1 & image=$$!; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15; main=$$?; \
+	wait $$image; leg=$$?; \
+	echo "== image leg: torch $$($(IMAGE_PY) -c 'import torch; print(torch.__version__)'), NVRx 0.7, $(IMAGE_TESTS)"; \
+	cat .cache/image-leg.log; \
+	for rc in $$main $$leg; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done
 
 # The unit tier: the pure logic (settings, schedule, agreement, goodput, layouts, contract).
 test-fast: $(VENV)/.installed $(CDK)
@@ -93,4 +116,4 @@ bench:
 	$(PYTHON) -m bench.run all
 
 clean:
-	rm -rf $(VENV) .cache cdk.out dist runs
+	rm -rf $(VENV) $(IMAGE_VENV) .cache cdk.out dist runs

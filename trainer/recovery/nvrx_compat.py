@@ -203,6 +203,14 @@ def rendezvous_closer(rendezvous_flags: list[str]) -> Optional[list[str]]:
             *rendezvous_flags, "--ft-enable-log-server=false"]
 
 
+def keeps_survivors_seats() -> bool:
+    """Whether a node that trained in the last round keeps its ranks in the next one, so its
+    ranks restore from their own node tier: before 0.6 the c10d rendezvous seats the survivors
+    first (`use_seated_nodes_first`); from 0.6 the barrier rendezvous assigns the ranks itself,
+    and a survivor may take another rank, which it then restores from its peer replica."""
+    return not _barrier_rendezvous()
+
+
 def rendezvous_finds_silent_nodes() -> bool:
     """Whether the installed ft_launcher's rendezvous drops a node that stops answering: before
     0.6 its keep-alive expires (`use_lost_participant_restart`); from 0.6 it keeps none, and the
