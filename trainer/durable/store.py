@@ -41,6 +41,14 @@ class CheckpointError(RuntimeError):
     """A checkpoint problem that must stop training instead of silently losing work."""
 
 
+class RestoreError(CheckpointError, FinalError):
+    """Committed checkpoints that no rank set can restore (or none, where --resume required asks
+    for one): starting from step 0 would silently discard their work, and no restart repairs
+    them, so the run stops before training. Every rank raises it with the same message."""
+
+    same_on_every_rank = True
+
+
 class StorageError(CheckpointError, FinalError):
     """The checkpoint storage refused a write: full, read-only, not a directory. No restart
     fixes that, so training stops with the cause and the path; earlier checkpoints stay."""
@@ -382,13 +390,20 @@ class CheckpointStore:
 
     def candidates(self) -> list[tuple[int, Path, dict]]:
         """Committed checkpoints that pass the cheap checks, newest first; warns about the rest."""
-        out = []
+        return self.survey()[0]
+
+    def survey(self) -> tuple[list[tuple[int, Path, dict]], list[tuple[int, str]]]:
+        """Committed checkpoints that pass the cheap checks, newest first, and those that fail
+        them, each with why (warned about as well): a restore that finds no candidate must
+        still tell a directory of damaged checkpoints from an empty one."""
+        good, bad = [], []
         for step, path in reversed(self.committed()):
             try:
-                out.append((step, path, self.read_manifest(path)))
+                good.append((step, path, self.read_manifest(path)))
             except CheckpointError as exc:
                 self.warn(f"skipping checkpoint {path}: {exc}")
-        return out
+                bad.append((step, str(exc)))
+        return good, bad
 
     def latest_step(self) -> Optional[int]:
         c = self.committed()
