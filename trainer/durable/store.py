@@ -188,7 +188,7 @@ def write_shard(req: ShardWrite) -> dict:
     try:
         return _write_shard(req)
     except Exception as exc:
-        cause = _os_error(exc)
+        cause = os_error(exc)
         if cause is None:
             raise
         err = StorageError.of(cause, f"writing rank {req.rank}'s shard of step {req.step}",
@@ -197,7 +197,7 @@ def write_shard(req: ShardWrite) -> dict:
         raise err from exc
 
 
-def _os_error(exc: BaseException) -> Optional[OSError]:
+def os_error(exc: BaseException) -> Optional[OSError]:
     """The storage error behind `exc`: torch.save reports a failed write as a RuntimeError
     whose context is the OSError."""
     seen = 0
@@ -309,7 +309,11 @@ class ShardFile:
         for i in range(lo // self.chunk_bytes, -(-hi // self.chunk_bytes)):
             data = self._cache.get(i)
             if data is None:
-                data = os.pread(self._fd, self.chunk_bytes, i * self.chunk_bytes)
+                try:
+                    data = os.pread(self._fd, self.chunk_bytes, i * self.chunk_bytes)
+                except OSError as exc:  # the checkpoint's storage, named as such
+                    raise CheckpointError(f"{self.path}: cannot be read ({exc.strerror or exc})") \
+                        from None
                 if i >= len(self._digests) or _digest(data) != self._digests[i]:
                     raise CheckpointError(f"{self.path}: sha256 of chunk {i} does not match its marker")
                 self._cache = {i: data}  # requests come in file order: one chunk is enough
