@@ -100,6 +100,10 @@ class TrainConfig(BaseModel):
     resume: Literal["auto", "required", "never"] = setting(
         "auto", "auto: the newest complete checkpoint if any; required: error if none; never: "
         "error if any", "checkpoints", pod="auto: a restarted pod resumes")
+    allow_fresh_start: bool = setting(False, "where committed checkpoints exist but none can be "
+                                      "restored, set them aside (step_NNNNNNNN.skipped) and "
+                                      "train from step 0 instead of stopping with exit code 2",
+                                      "checkpoints")
     checkpoint_timeout: float = setting(600.0, "seconds a background write, a drain or the "
                                         "final save may take before training fails",
                                         "checkpoints", gt=0)
@@ -254,6 +258,8 @@ def cross_field_problems(cfg: TrainConfig) -> list[str]:
          f"in mode {cfg.mode}: a rank blocked in a collective must come back before it is killed"),
         (cfg.resume != "required" or cfg.checkpoint_dir is not None,
          "--resume required needs --checkpoint_dir"),
+        (cfg.resume != "required" or not cfg.allow_fresh_start,
+         "--allow_fresh_start true contradicts --resume required, which never starts from step 0"),
         (cfg.checkpoint_interval == 0 or cfg.checkpoint_dir is not None,
          f"--checkpoint_interval {cfg.checkpoint_interval} needs --checkpoint_dir"),
         (not cfg.tiers or cfg.checkpoint_dir is not None, "--tiers needs --checkpoint_dir"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from devtools.pace import Pace, measure
 
@@ -210,6 +211,23 @@ def faults(*kinds: str, steps: int = STEPS, after: int = 2, world: int = 2) -> l
             return ["--fault_count", str(len(kinds)), "--fault_seed", str(seed),
                     "--fault_after_step", str(after), "--fault_types", ",".join(types)]
     raise AssertionError(f"no seed gives faults {kinds}")
+
+
+@contextlib.contextmanager
+def small_fs(path: Path, size: str, read_only: bool = False) -> Iterator[Path]:
+    """A real tmpfs of `size` at `path` (a full or a read-only disk); skips the test where
+    mounting is not permitted."""
+    import pytest
+
+    path.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if read_only else "")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def samples_by_step(run_dir: Path) -> dict[int, dict[int, list[int]]]:

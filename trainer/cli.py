@@ -8,7 +8,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from trainer.config import TrainConfig, parse_args
+from trainer.config import TrainConfig, check_environment, parse_args
 from trainer.errors import ConfigError, FinalError
 from trainer.recovery.forkserver import forked_worker
 from trainer.recovery.launch import record_final_error
@@ -110,8 +110,26 @@ def stopped_line(cfg: TrainConfig, summary: dict) -> str:
             f"{resumes}")
 
 
+def final_exit(exc: Exception, rank: int) -> int:
+    """An error no restart can fix: handed to the supervising launcher (which stops the job and
+    says it) and said in one line; returns the exit code, 2. One that every rank raises alike
+    (`same_on_every_rank`) is said once, by the launcher, or without one by rank 0; one that
+    a single rank meets is said by that rank, with its number."""
+    same = getattr(exc, "same_on_every_rank", False)
+    handed = record_final_error(str(exc) if same else f"rank {rank}: {exc}")
+    if not same:
+        print(f"rank {rank}: error: {exc}", file=sys.stderr, flush=True)
+    elif rank == 0 and not handed:
+        print(f"python -m trainer: error: {exc}", file=sys.stderr, flush=True)
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cfg = parse_args(argv)
+    cfg = parse_args(argv, environment=False)
+    try:  # checked before launch too; here once more, in case the files changed since
+        check_environment(cfg)
+    except ConfigError as exc:
+        return final_exit(exc, int(os.environ.get("RANK", 0)))
     from config.contract import LAUNCHER_ID_ENV
     from trainer.accounting.events import process_log
 
@@ -152,16 +170,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # stopped by SIGTERM without committing its newest state: what the tiers hold stays
         failed = bool(summary.get("stopped")) and \
             summary["committed_step"] != summary["steps_completed"]
-    except ConfigError as exc:  # a setting that only fails once the model is known
-        events.emit("error", type="ConfigError", message=str(exc), fatal=True)
-        record_final_error(f"rank {env.rank}: {exc}")
-        print(f"python -m trainer: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    except FinalError as exc:  # no restart can fix it: one line, exit 2
+    except (ConfigError, FinalError) as exc:  # no restart can fix it: one line, exit 2
         events.emit("error", type=type(exc).__name__, message=str(exc)[:500], fatal=True)
-        record_final_error(f"rank {env.rank}: {exc}")
-        print(f"rank {env.rank}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return final_exit(exc, env.rank)
     except Exception as exc:  # one clear line per rank; the traceback goes to stderr below it
         events.emit("error", type=type(exc).__name__, message=str(exc)[:500])
         print(f"rank {env.rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
@@ -174,11 +185,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         if exc.__cause__ is None:  # the iteration limit or the world size, not one error
             events.emit("error", type=type(exc).__name__, message=str(exc)[:500], fatal=True)
+        if isinstance(exc.__cause__, (ConfigError, FinalError)):
+            return final_exit(exc.__cause__, env.rank)
         print(f"rank {env.rank}: error: in-process restart gave up: {exc}", file=sys.stderr,
               flush=True)
-        if isinstance(exc.__cause__, (ConfigError, FinalError)):
-            record_final_error(f"rank {env.rank}: {exc.__cause__}")
-            return 2
         return 1
     finally:
         if cfg.ft_launcher:

@@ -185,14 +185,28 @@ def check_environment(cfg: TrainConfig, sample_data: bool = False) -> TrainConfi
     directory, the data and the checkpoint directory with what it already holds. With
     `sample_data` (once per node: the launcher), also read a sample of the token file."""
     check_model(cfg)
-    if cfg.data_path is not None:
-        from trainer.loop.data import check_data
-
-        check_data(Path(cfg.data_path), model_vocab(cfg.model), expected_tokenizer(cfg.model),
-                   sample=sample_data, flag="--data_path")
+    check_training_data(cfg, sample_data)
     check_checkpoint_dir(cfg, loud=sample_data)
     check_wandb(cfg)
     return cfg
+
+
+def check_training_data(cfg: TrainConfig, sample_data: bool = False) -> None:
+    """The data the ranks will read, whatever fails on it fails every rank and every restart
+    alike: --data_path, or the bundled corpus where it is prepared already (else the ranks
+    prepare it, and a problem with it still ends the run with exit code 2, unretried)."""
+    from trainer.loop.data import DataMeta, check_data, check_length, default_data_path
+
+    if cfg.data_path is not None:
+        check_data(Path(cfg.data_path), model_vocab(cfg.model), expected_tokenizer(cfg.model),
+                   sample=sample_data, flag="--data_path", seq_len=cfg.seq_len)
+        return
+    bundled = default_data_path()
+    try:
+        meta = DataMeta.read(bundled)
+    except (OSError, ValueError, TypeError):  # not prepared yet (or half): the ranks prepare it
+        return
+    check_length(meta, cfg.seq_len, f"the bundled corpus {str(bundled)!r}")
 
 
 def check_wandb(cfg: TrainConfig) -> None:

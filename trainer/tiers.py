@@ -111,7 +111,8 @@ class Tiers:
             return None
         meta = self._restore_snapshot(model, optimizer)
         if meta is None:
-            meta = self.checkpoints.restore(model, optimizer, required=self.cfg.resume == "required")
+            meta = self.checkpoints.restore(model, optimizer, required=self.cfg.resume == "required",
+                                            allow_fresh_start=self.cfg.allow_fresh_start)
             if meta is not None:
                 self.log(f"resumed from the step-{meta['step']} checkpoint in "
                          f"{self.cfg.checkpoint_dir}")

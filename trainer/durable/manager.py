@@ -24,8 +24,9 @@ from trainer.atomic import read_json, write_json_atomic
 from trainer.buffers import HostBuffer, Layout, host_copy_stream
 from trainer.durable.landing import Landings
 from trainer.durable.state import local_tensors, overlapping_ranks, restore, shard_layout
-from trainer.durable.store import (CheckpointError, CheckpointStore, SaveStats, ShardFile, ShardWrite,
-                                   StorageError, error_file, step_dir_name, write_shard)
+from trainer.durable.store import (CheckpointError, CheckpointStore, RestoreError, SaveStats,
+                                   ShardFile, ShardWrite, StorageError, error_file, step_dir_name,
+                                   write_shard)
 from trainer.recovery.phases import injected_delay
 
 MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
@@ -456,12 +457,15 @@ class CheckpointManager:
         self._in_flight = None
 
     # -- restoring ---------------------------------------------------------------------------
-    def _candidates(self) -> list[tuple[int, int]]:
+    def _candidates(self) -> tuple[list[tuple[int, int]], list[tuple[int, str]]]:
         """(step, saved world size) of every committed checkpoint that passes the cheap checks,
-        newest first: rank 0 reads the manifests and checks their shards' sizes (its work per
-        checkpoint grows with the world, once per restore), every rank gets the short list."""
-        found = [(step, m["world_size"]) for step, _, m in self.store.candidates()] \
-            if self.rank == 0 else None
+        newest first, and (step, why) of those that fail them: rank 0 reads the manifests and
+        checks their shards' sizes (its work per checkpoint grows with the world, once per
+        restore), every rank gets the two short lists."""
+        found = None
+        if self.rank == 0:
+            good, bad = self.store.survey()
+            found = ([(step, m["world_size"]) for step, _, m in good], bad)
         box = [found]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -479,26 +483,36 @@ class CheckpointManager:
             self.keepalive()
         return shards
 
-    def restore(self, model, optimizer, required: bool) -> Optional[dict]:
-        """Load the newest checkpoint every rank can read and verify; its meta, or None if none.
+    def _first_failure(self, failed: bool, err: str) -> Optional[str]:
+        """Every rank: None if no rank failed to load the candidate, else the lowest failed
+        rank's reason, the same on every rank. One MIN all-reduce of one number (as the old
+        yes-or-no vote), and on a failure one broadcast of one line from that rank."""
+        first = torch.tensor([self.rank if failed else self.world_size], device=self.device)
+        dist.all_reduce(first, op=dist.ReduceOp.MIN)
+        rank = int(first.item())
+        if rank == self.world_size:
+            return None
+        box = [err if self.rank == rank else None]
+        dist.broadcast_object_list(box, src=rank)
+        return f"rank {rank}: {box[0]}"
+
+    def restore(self, model, optimizer, required: bool,
+                allow_fresh_start: bool = False) -> Optional[dict]:
+        """Load the newest checkpoint every rank can read and verify; its meta, or None if the
+        directory holds no committed checkpoint.
 
         All ranks try the same candidates in the same order and agree on each through an
-        all-reduce, so no rank can resume from a different step than another.
+        all-reduce, so no rank can resume from a different step than another. Committed
+        checkpoints of which none can be restored stop the run (`RestoreError`), unless
+        `allow_fresh_start`: then they are set aside and training starts from step 0.
         """
         self._drain_for_restore()
         if self.rank == 0:
             for step in self.store.commit_complete():
                 self.log(f"committed checkpoint step {step}: all shards had landed before the fault")
         dist.barrier()
-        candidates = self._candidates()
-        if not candidates:
-            if self.rank == 0:
-                self.store.discard_after(-1)  # partial ones of a run that never committed
-            if required:
-                raise CheckpointError(f"no complete checkpoint in {self.store.root} "
-                                      "(--resume required)")
-            return None
-        errors = []
+        candidates, skipped = self._candidates()
+        reasons = [f"{step_dir_name(step)}: {why}" for step, why in skipped]
         for step, saved_world in candidates:
             t0 = time.time()
             shards, err = None, ""
@@ -507,9 +521,8 @@ class CheckpointManager:
                 restore(model, optimizer, shards)
             except (CheckpointError, OSError, KeyError, ValueError) as exc:
                 shards, err = None, str(exc)
-            ok = torch.tensor([0 if shards is None else 1], device=self.device)
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-            if int(ok.item()) == 1:
+            why = self._first_failure(shards is None, err)
+            if why is None:
                 meta = shards[0].meta  # step, data cursor and RNG are the same in every shard
                 nbytes = sum(s.bytes for s in shards)
                 for s in shards:
@@ -520,10 +533,35 @@ class CheckpointManager:
                 if self.rank == 0:
                     self.store.discard_after(step)
                 return meta
-            if err:
-                self.log(f"rank {self.rank}: skipping checkpoint "
-                         f"{self.store.root / step_dir_name(step)}: {err}")
-            errors.append(step_dir_name(step))
-        raise CheckpointError(f"none of the {len(candidates)} committed checkpoints in "
-                              f"{self.store.root} could be loaded by every rank "
-                              f"({', '.join(errors)}); refusing to restart from step 0")
+            if self.rank == 0:
+                self.log(f"skipping checkpoint {self.store.root / step_dir_name(step)}: {why}")
+            reasons.append(f"{step_dir_name(step)}: {why}")
+        return self._nothing_restored(reasons, required, allow_fresh_start)
+
+    def _nothing_restored(self, reasons: list[str], required: bool,
+                          allow_fresh_start: bool) -> None:
+        """No checkpoint was restored; `reasons` names each committed one and why it failed.
+        An empty directory starts from step 0. Damaged checkpoints stop the run, on every rank
+        with the same line, and stay where they are, so the next run refuses them again;
+        with `allow_fresh_start` each is set aside as `step_NNNNNNNN.skipped` and training
+        starts from step 0."""
+        root = self.store.root
+        if not reasons and not required:
+            if self.rank == 0:
+                self.store.discard_after(-1)  # partial ones of a run that never committed
+            return None
+        if not reasons:
+            raise RestoreError(f"no complete checkpoint in {root} (--resume required)")
+        what = f"no committed checkpoint in {root} can be restored ({'; '.join(reasons)})"
+        if required:
+            raise RestoreError(f"{what} (--resume required)")
+        if not allow_fresh_start:
+            raise RestoreError(f"{what}; refusing to start from step 0, which would discard "
+                               "their work: repair or remove them, or pass --allow_fresh_start "
+                               "true to train from step 0 with each set aside as "
+                               "step_NNNNNNNN.skipped")
+        if self.rank == 0:
+            self.store.discard_after(-1)
+            self.log(f"{what}; starting from step 0 (--allow_fresh_start true), each set aside "
+                     "as step_NNNNNNNN.skipped")
+        return None

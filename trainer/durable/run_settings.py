@@ -19,9 +19,9 @@ SETTINGS_FILE = "SETTINGS.json"
 # What the checkpoints and the sampler state depend on.
 IDENTITY = ("model", "seq_len", "seed")
 # Where a run writes and how it recovers: not a change of the training.
-NOT_COMPARED = {"checkpoint_dir", "results_path", "node_dir", "data_path", "resume", "device",
-                "log_interval", "trace_samples", "profile_from", "profile_steps", "tensorboard",
-                "wandb_project"}
+NOT_COMPARED = {"checkpoint_dir", "results_path", "node_dir", "data_path", "resume",
+                "allow_fresh_start", "device", "log_interval", "trace_samples", "profile_from",
+                "profile_steps", "tensorboard", "wandb_project"}
 
 
 def check_unchanged(cfg, log: Callable[[str], None]) -> None:

@@ -41,6 +41,14 @@ class CheckpointError(RuntimeError):
     """A checkpoint problem that must stop training instead of silently losing work."""
 
 
+class RestoreError(CheckpointError, FinalError):
+    """Committed checkpoints that no rank set can restore (or none, where --resume required asks
+    for one): starting from step 0 would silently discard their work, and no restart repairs
+    them, so the run stops before training. Every rank raises it with the same message."""
+
+    same_on_every_rank = True
+
+
 class StorageError(CheckpointError, FinalError):
     """The checkpoint storage refused a write: full, read-only, not a directory. No restart
     fixes that, so training stops with the cause and the path; earlier checkpoints stay."""
@@ -180,7 +188,7 @@ def write_shard(req: ShardWrite) -> dict:
     try:
         return _write_shard(req)
     except Exception as exc:
-        cause = _os_error(exc)
+        cause = os_error(exc)
         if cause is None:
             raise
         err = StorageError.of(cause, f"writing rank {req.rank}'s shard of step {req.step}",
@@ -189,7 +197,7 @@ def write_shard(req: ShardWrite) -> dict:
         raise err from exc
 
 
-def _os_error(exc: BaseException) -> Optional[OSError]:
+def os_error(exc: BaseException) -> Optional[OSError]:
     """The storage error behind `exc`: torch.save reports a failed write as a RuntimeError
     whose context is the OSError."""
     seen = 0
@@ -301,7 +309,11 @@ class ShardFile:
         for i in range(lo // self.chunk_bytes, -(-hi // self.chunk_bytes)):
             data = self._cache.get(i)
             if data is None:
-                data = os.pread(self._fd, self.chunk_bytes, i * self.chunk_bytes)
+                try:
+                    data = os.pread(self._fd, self.chunk_bytes, i * self.chunk_bytes)
+                except OSError as exc:  # the checkpoint's storage, named as such
+                    raise CheckpointError(f"{self.path}: cannot be read ({exc.strerror or exc})") \
+                        from None
                 if i >= len(self._digests) or _digest(data) != self._digests[i]:
                     raise CheckpointError(f"{self.path}: sha256 of chunk {i} does not match its marker")
                 self._cache = {i: data}  # requests come in file order: one chunk is enough
@@ -382,13 +394,20 @@ class CheckpointStore:
 
     def candidates(self) -> list[tuple[int, Path, dict]]:
         """Committed checkpoints that pass the cheap checks, newest first; warns about the rest."""
-        out = []
+        return self.survey()[0]
+
+    def survey(self) -> tuple[list[tuple[int, Path, dict]], list[tuple[int, str]]]:
+        """Committed checkpoints that pass the cheap checks, newest first, and those that fail
+        them, each with why (warned about as well): a restore that finds no candidate must
+        still tell a directory of damaged checkpoints from an empty one."""
+        good, bad = [], []
         for step, path in reversed(self.committed()):
             try:
-                out.append((step, path, self.read_manifest(path)))
+                good.append((step, path, self.read_manifest(path)))
             except CheckpointError as exc:
                 self.warn(f"skipping checkpoint {path}: {exc}")
-        return out
+                bad.append((step, str(exc)))
+        return good, bad
 
     def latest_step(self) -> Optional[int]:
         c = self.committed()

@@ -6,16 +6,16 @@ format, as a Hugging Face model directory (`hf`) or a PyTorch Distributed Checkp
 
 One process on CPU, at any world size of the run. Every shard is verified against the
 manifest before anything is written; the export appears complete under its name or not at
-all (it is written beside it as `.<name>.partial`, then renamed). Bad input, a damaged or an
-uncommitted checkpoint: one line naming the value or file, exit code 2.
+all (it is written beside it in a staging directory of its own, then renamed; one export to
+a target runs at a time: `landing`). Bad input, a damaged or an uncommitted checkpoint, a second
+export to the same target, a write the storage refuses: one line naming the value or file,
+exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,12 +23,13 @@ from typing import Callable, Optional, Sequence
 
 from config.contract import (EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FILE_BYTES,
                              EXPORT_FORMATS, export_name)
-from trainer.atomic import fsync_dir, read_json, write_json_atomic
+from trainer.atomic import read_json, write_json_atomic
 from trainer.durable.run_settings import SETTINGS_FILE
 from trainer.durable.store import MANIFEST, CheckpointError, CheckpointStore
 from trainer.errors import ConfigError
 from trainer.export import model as models
 from trainer.export import tokenizer as tokenizers
+from trainer.export.landing import Staging, staged
 from trainer.export.progress import PREFIX, Progress, size
 from trainer.export.source import Checkpoint, ExportError, choose
 
@@ -85,38 +86,28 @@ def model_ref(args: argparse.Namespace, settings: Optional[dict]) -> str:
 
 
 def target(args: argparse.Namespace, step: int) -> Path:
-    out = args.out or args.out_root / export_name(args.format, step, args.dtype)
-    if out.exists():
-        raise ExportError(f"{out} exists: remove it, or export elsewhere")
-    return out
+    return args.out or args.out_root / export_name(args.format, step, args.dtype)
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> Path:
-    """The export, from checks to the final rename; returns the directory written."""
+    """The export, from checks to the final rename; returns the directory written. The
+    checkpoint to export is found first (without one, nothing else matters); the target's lock
+    is held from before any shard is read until the export has landed (`landing`)."""
     t0 = time.monotonic()
     check_args(args)
     settings = read_json(args.checkpoint_dir / SETTINGS_FILE)
-    ref = model_ref(args, settings)
     store = CheckpointStore(args.checkpoint_dir)
     step, path = choose(store, args.step)
+    ref = model_ref(args, settings)
     out = target(args, step)
-    model = models.meta_model(ref)
-    tokenizer_ref = _tokenizer_ref(args, settings, log)
-    tokenizer = tokenizers.load(tokenizer_ref) if tokenizer_ref else None
-    ckpt = _open(store, step, path, args.step is None, log)
-    models.check_matches(ckpt, model, ref)
-    partial = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)  # an earlier attempt's, never renamed
-    partial.mkdir(parents=True)
-    try:
-        nbytes = _write(args, ckpt, model, ref, tokenizer, partial, log)
-        write_json_atomic(partial / EXPORT_RECORD, _record(args, ckpt, ref, tokenizer_ref))
-        fsync_dir(partial)
-        os.rename(partial, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    with staged(out) as stage:
+        model = models.meta_model(ref)
+        tokenizer_ref = _tokenizer_ref(args, settings, log)
+        tokenizer = tokenizers.load(tokenizer_ref) if tokenizer_ref else None
+        ckpt = _open(store, step, path, args.step is None, log)
+        models.check_matches(ckpt, model, ref)
+        nbytes = _write(args, ckpt, model, ref, tokenizer, stage, log)
+        write_json_atomic(stage.path / EXPORT_RECORD, _record(args, ckpt, ref, tokenizer_ref))
     log(f"{PREFIX} step {step} of {args.checkpoint_dir} (world size {ckpt.world_size}) as "
         f"{args.format} {args.dtype}: {size(nbytes)} in {out} ({time.monotonic() - t0:.1f} s)")
     return out
@@ -147,17 +138,20 @@ def _open(store: CheckpointStore, step: int, path: Path, newest: bool,
         raise
 
 
-def _write(args: argparse.Namespace, ckpt: Checkpoint, model, ref: str, tokenizer, out: Path,
-           log: Callable[[str], None]) -> int:
+def _write(args: argparse.Namespace, ckpt: Checkpoint, model, ref: str, tokenizer,
+           stage: Staging, log: Callable[[str], None]) -> int:
+    """The export's files, into the staging directory, once it is known to have room."""
     from trainer.export import dcp, hf
     from trainer.export.model import torch_dtype
     from trainer.loop.model import llama_config
 
     dtype = torch_dtype(args.dtype)
     if args.format == "hf":
-        return hf.write(ckpt, llama_config(ref), out, dtype, tokenizer,
+        stage.expect(hf.weight_bytes(ckpt, dtype))
+        return hf.write(ckpt, llama_config(ref), stage.path, dtype, tokenizer,
                         int(args.max_file_gb * 1e9), log)
-    return dcp.write(ckpt, model, out, dtype, args.optimizer, log)
+    stage.expect(dcp.tensor_bytes(ckpt, model, dtype, args.optimizer))
+    return dcp.write(ckpt, model, stage.path, dtype, args.optimizer, log)
 
 
 def _record(args: argparse.Namespace, ckpt: Checkpoint, ref: str,

@@ -44,14 +44,29 @@ def plan(ckpt: Checkpoint, model: torch.nn.Module, dtype: torch.dtype,
     return out
 
 
+def _shapes(ckpt: Checkpoint, keys: dict[str, tuple[str, str, torch.dtype]]) -> dict:
+    return {key: () if kind == "step" else ckpt.params[name].shape
+            for key, (name, kind, _) in keys.items()}
+
+
+def _sizes(keys: dict[str, tuple[str, str, torch.dtype]], shapes: dict) -> dict[str, int]:
+    return {key: math.prod(shapes[key]) * torch.empty((), dtype=d).element_size()
+            for key, (_, _, d) in keys.items()}
+
+
+def tensor_bytes(ckpt: Checkpoint, model: torch.nn.Module, dtype: torch.dtype,
+                 optimizer: bool) -> int:
+    """The bytes of tensors `write` writes, known before it writes any: the room it needs."""
+    keys = plan(ckpt, model, dtype, optimizer)
+    return sum(_sizes(keys, _shapes(ckpt, keys)).values())
+
+
 def write(ckpt: Checkpoint, model: torch.nn.Module, out: Path, dtype: torch.dtype,
           optimizer: bool, log: Callable[[str], None]) -> int:
     """Write the export into the (empty) directory `out`; returns the bytes of tensors."""
     keys = plan(ckpt, model, dtype, optimizer)
-    shapes = {key: () if kind == "step" else ckpt.params[name].shape
-              for key, (name, kind, _) in keys.items()}
-    sizes = {key: math.prod(shapes[key]) * torch.empty((), dtype=d).element_size()
-             for key, (_, _, d) in keys.items()}
+    shapes = _shapes(ckpt, keys)
+    sizes = _sizes(keys, shapes)
     progress = Progress("wrote", "tensors", len(keys), sum(sizes.values()), log)
 
     def assemble(key: str) -> torch.Tensor:

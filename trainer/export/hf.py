@@ -43,6 +43,13 @@ def plan_files(params: list[Parameter], itemsize: int, max_bytes: int) -> list[l
     return files
 
 
+def weight_bytes(ckpt: Checkpoint, dtype: "torch.dtype") -> int:
+    """The bytes of weights `write` writes, known before it writes any: the room it needs."""
+    import torch
+
+    return sum(p.numel for p in ckpt.params.values()) * torch.empty((), dtype=dtype).element_size()
+
+
 def write(ckpt: Checkpoint, config, out: Path, dtype: "torch.dtype", tokenizer,
           max_file_bytes: int, log: Callable[[str], None]) -> int:
     """Write the export into the (empty) directory `out`: the weights in `dtype`, `config` (the
@@ -53,7 +60,7 @@ def write(ckpt: Checkpoint, config, out: Path, dtype: "torch.dtype", tokenizer,
 
     itemsize = torch.empty((), dtype=dtype).element_size()
     files = plan_files(list(ckpt.params.values()), itemsize, max_file_bytes)
-    total = sum(p.numel for p in ckpt.params.values()) * itemsize
+    total = weight_bytes(ckpt, dtype)
     progress = Progress("wrote", "files", len(files), total, log)
     weight_map = {}
     for i, params in enumerate(files):

@@ -68,15 +68,31 @@ class DataError(ConfigError):
     """A data directory that would fail inside the ranks: refused before launch, by name."""
 
 
+def samples_in(num_tokens: int, seq_len: int) -> int:
+    """The training samples in `num_tokens` tokens: windows of seq_len + 1 tokens, one every
+    seq_len (the last token of one is the first of the next)."""
+    return max(0, (num_tokens - 1) // seq_len)
+
+
+def check_length(meta: DataMeta, seq_len: int, where: str) -> None:
+    """Data that holds no whole sample of `seq_len` fails every rank the same way."""
+    if samples_in(meta.num_tokens, seq_len) < 1:
+        raise DataError(f"{where}: tokens.bin holds {meta.num_tokens} tokens, fewer than one "
+                        f"sample of --seq_len {seq_len} ({seq_len + 1} tokens); lower --seq_len "
+                        "or prepare more data")
+
+
 def check_data(path: Path, model_vocab: Optional[int], model_tokenizer: Optional[str],
                sample: bool = False, flag: str = "--data_path",
-               warn=lambda msg: print(msg, file=sys.stderr)) -> DataMeta:
+               warn=lambda msg: print(msg, file=sys.stderr),
+               seq_len: Optional[int] = None) -> DataMeta:
     """Refuse, with one line naming the file, data that the ranks would fail on late and
     vaguely: a missing or unreadable meta.json, a token file whose size disagrees with it, an
-    unknown dtype, ids beyond the model's vocabulary. With `sample`, also read four small
-    pieces of tokens.bin (start, end and two between) and check their ids: a cheap bound that
-    catches a token file from another preparation. A tokenizer other than the model's is
-    allowed (the tiny local runs train presets on bytes), with a warning."""
+    unknown dtype, ids beyond the model's vocabulary, fewer tokens than one sample of
+    `seq_len`. With `sample`, also read four small pieces of tokens.bin (start, end and two
+    between) and check their ids: a cheap bound that catches a token file from another
+    preparation. A tokenizer other than the model's is allowed (the tiny local runs train
+    presets on bytes), with a warning."""
     where = f"{flag} {str(path)!r}"
     if not path.is_dir():
         raise DataError(f"{where} is not a directory; build one with "
@@ -103,6 +119,8 @@ def check_data(path: Path, model_vocab: Optional[int], model_tokenizer: Optional
         raise DataError(f"{where}: tokenizer {meta.tokenizer!r} has {meta.vocab_size} ids, but "
                         f"the model's vocabulary has {model_vocab}; prepare the data with the "
                         "model's tokenizer")
+    if seq_len is not None:
+        check_length(meta, seq_len, where)
     bound = min(v for v in (model_vocab, meta.vocab_size) if v is not None)
     if meta.max_token_id >= bound:
         raise DataError(f"{where}: meta.json records token id {meta.max_token_id}, beyond the "
@@ -344,10 +362,8 @@ class TokenDataset:
         self.seq_len = seq_len
         self.tokens = np.memmap(self.path / "tokens.bin", dtype=self.meta.dtype, mode="r",
                                 shape=(self.meta.num_tokens,))
-        self.num_samples = (self.meta.num_tokens - 1) // seq_len
-        if self.num_samples < 1:
-            raise ValueError(f"{path} holds {self.meta.num_tokens} tokens: fewer than one "
-                             f"sample of --seq_len {seq_len}")
+        check_length(self.meta, seq_len, str(path))  # checked before launch: never retried
+        self.num_samples = samples_in(self.meta.num_tokens, seq_len)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -443,12 +459,12 @@ class GlobalSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_samples"] != self.num_samples or state["seed"] != self.seed:
-            raise ValueError(
+            raise DataError(
                 f"checkpoint data position is for {state['num_samples']} samples / seed "
                 f"{state['seed']}, but this run has {self.num_samples} / {self.seed}: the "
                 "dataset, --seq_len or --seed changed")
         if state.get("order") != ORDER:
-            raise ValueError(f"checkpoint sample order {state.get('order')!r} is not {ORDER!r}, "
+            raise DataError(f"checkpoint sample order {state.get('order')!r} is not {ORDER!r}, "
                              "the only order this trainer reads")
         self._epoch, self._perm = None, None
         self.cursor = int(state["cursor"])

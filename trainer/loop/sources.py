@@ -123,12 +123,13 @@ def _first(batches: Iterator[list[str]], limit: int) -> Iterator[list[str]]:
 
 
 def _quiet_datasets():
-    """`datasets`, with its progress bars and info logs off: one progress line of our own
-    reads better in a pod's log than bars redrawn with carriage returns."""
+    """`datasets`, with its progress bars and logs off: one progress line of our own reads
+    better in a pod's log than bars redrawn with carriage returns, and each error it logs it
+    also raises, which is said once, in one line naming the file."""
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     return datasets
 
 
@@ -138,11 +139,16 @@ def _file_batches(files: list[Path], text_field: str, batch_size: int) -> Iterat
     datasets = _quiet_datasets()
     for path in files:
         try:
-            ds = datasets.load_dataset(builder_for(path), data_files=[str(path)], split="train",
-                                       streaming=True)
-        except StopIteration:  # the json builder's word for a file with no rows to infer from
-            continue
-        yield from _texts(ds, text_field, batch_size, str(path))
+            try:
+                ds = datasets.load_dataset(builder_for(path), data_files=[str(path)],
+                                           split="train", streaming=True)
+            except StopIteration:  # the json builder's word for a file with no rows to infer from
+                continue
+            yield from _texts(ds, text_field, batch_size, str(path))
+        except SourceError:
+            raise
+        except Exception as exc:  # pyarrow's and datasets' many types; the library omits the file
+            raise SourceError(f"{path} cannot be read as {builder_for(path)}: {exc}") from None
 
 
 def _hub_batches(source: str, hub: HubDataset, text_field: str,

@@ -101,7 +101,10 @@ class Rank0Log:
 
 
 class NonFiniteError(FinalError):
-    """A non-finite loss or gradient norm: the state it produced is never checkpointed."""
+    """A non-finite loss or gradient norm: the state it produced is never checkpointed. Both
+    are all-reduced, so every rank stops at the same step with the same message."""
+
+    same_on_every_rank = True
 
 
 def check_finite(step: int, loss: float, grad_norm: float) -> None:

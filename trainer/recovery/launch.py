@@ -512,19 +512,22 @@ def run_end(cfg) -> Optional[str]:
     return f"step {step} of {cfg.max_steps} is committed in {cfg.checkpoint_dir}"
 
 
-def record_final_error(message: str) -> None:
-    """Called by a rank: hand an error no restart can fix to `supervise` (first one wins)."""
+def record_final_error(message: str) -> bool:
+    """Called by a rank: hand an error no restart can fix to `supervise` (first one wins).
+    Whether a supervisor takes it (and says it): False for a rank started without one."""
     path = os.environ.get(FINAL_ERROR_ENV)
     if path and not os.path.exists(path):
         with contextlib.suppress(OSError):
             Path(path).write_text(message)
+    return bool(path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     spec, trainer_args = parse(sys.argv[1:] if argv is None else argv)
     from trainer.config import parse_args
 
-    cfg = parse_args([*trainer_args, "--mode", spec.mode], sample_data=True)
+    cfg = parse_args([*trainer_args, "--mode", spec.mode], prog="python -m trainer.recovery.launch",
+                     sample_data=True)
     check(spec, cfg)  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     env, workdir = launch_env(spec, cfg), Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))

@@ -34,6 +34,13 @@ COMMIT_POLL_S = 0.001  # how often the committer looks at a running copy
 SLOW_SNAPSHOT_ENV = "NVRX_EKS_SLOW_SNAPSHOT_S"  # fault-injection knob: widens the copy window
 
 
+class NodeSpaceError(ConfigError):
+    """A node directory too small for its ranks' snapshot buffers: node by node, so each rank
+    that meets it says it, with its path."""
+
+    same_on_every_rank = False
+
+
 class OwnSlots:
     def __init__(self, root: Path, *, rank: int, world_size: int, local_world_size: int,
                  device: torch.device, peer: bool, durable: bool, budget_gib: float,
@@ -90,7 +97,7 @@ class OwnSlots:
         present = sum(f.stat().st_size for f in buffers(self.root) if f.is_file())
         free = shutil.disk_usage(self.root).free
         if node_need - present > free:
-            raise ConfigError(
+            raise NodeSpaceError(
                 f"{self.root}: the snapshot buffers of the node's "
                 f"{self.local_world_size} rank(s) need {node_need / 2**30:.1f} GiB and "
                 f"{(free + present) / 2**30:.1f} GiB is available; use fewer tiers, or a node "

@@ -2,30 +2,13 @@
 host snapshots, diverged losses and bad settings. Real processes, real file systems (a tmpfs
 mount where the machine permits it)."""
 
-import contextlib
 import json
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.jobs import events, kill_group, ok, run_local, start_local, wait_for
+from tests.jobs import events, kill_group, ok, run_local, small_fs, start_local, wait_for
 from trainer.durable.store import CheckpointStore, file_sha256, step_dir_name
-
-
-@contextlib.contextmanager
-def small_fs(path: Path, size: str, read_only: bool = False):
-    """A real tmpfs of `size` at `path`; skips where mounting is not permitted."""
-    path.mkdir(parents=True, exist_ok=True)
-    opts = f"size={size}" + (",ro" if read_only else "")
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def _last_line(proc) -> str:

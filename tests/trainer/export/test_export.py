@@ -191,7 +191,8 @@ def test_bad_arguments_are_one_line_before_anything_is_read(tmp_path, capsys):
              ("--format", "dcp", "--tokenizer", "byte"): "--tokenizer applies to --format hf",
              ("--format", "hf", "--step", "-1"): "--step -1",
              ("--format", "hf", "--max_file_gb", "0"): "--max_file_gb 0 must be positive",
-             ("--format", "hf"): f"{tmp_path / 'checkpoints' / SETTINGS_FILE} does not name"}
+             # no checkpoint at all: said first, before the missing model of the run
+             ("--format", "hf"): f"no committed checkpoint in {tmp_path / 'checkpoints'}"}
     for args, message in cases.items():
         code = main(["--checkpoint_dir", str(tmp_path / "checkpoints"), *args,
                      "--out", str(tmp_path / "out")])
