@@ -8,10 +8,13 @@
 #   nodes  the lost-node takeover on the image's NVRx (bench.node_loss, a spare and two ways to
 #          lose a node; the spares tests) with CPU ranks computing in fp32, and one bf16 CPU
 #          job under Python's fault handler: where that image's torch crashes in bf16 on this CPU
+#   restarts one GPU rank of llama-1b through six exceptions in ft_launcher+inprocess, snapshots
+#          of every step in the memory and node tiers (the node directory on 2 MiB pages): the
+#          device memory each in-process attempt starts from, and what of the previous one survived
 #   writer the checkpoint writer on the image's NVRx with a GPU rank (told its requests hold
 #          host memory only): a tiny-model run through two exceptions, every checkpoint committed
 set -uo pipefail
-call=${1:?usage: bench/plans/h200x1.sh paths|nodes|writer}
+call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|writer}
 export OUT=${OUT:-bench/results}
 here=$(dirname "$0")/..
 mkdir -p "$OUT"
@@ -49,6 +52,19 @@ case "$call" in
     cp /tmp/node-loss/*.json "$OUT"/
     tar -czf "$OUT/logs.tar.gz" -C /tmp --exclude='*/checkpoints' --exclude='*/nodes' \
       node-loss/runs bf16 ;;
+  restarts)
+    mkdir -p /mnt/hugeshm && mount -t tmpfs -o huge=always,size=80g nvrx-huge /mnt/hugeshm
+    grep -h hugeshm /proc/mounts | tee "$OUT/node-dir.txt"
+    timeout 420 python3 -m devtools.local --mode ft_launcher+inprocess --nproc_per_node 1 \
+      --run_dir /tmp/restarts --heartbeat_timeout 60 -- --model llama-1b --seq_len 2048 \
+      --batch_size 1 --device cuda --max_steps 160 --checkpoint_interval 0 \
+      --fault_count 6 --fault_seed 2027 --fault_types exception --fault_after_step 15 \
+      --tiers memory,node --snapshot_interval 1 --node_dir /mnt/hugeshm \
+      --soft_timeout 5 --hard_timeout 30 --barrier_timeout 120 --completion_timeout 120 \
+      --nccl_timeout 20 > "$OUT/restarts.log" 2>&1; echo "restarts run rc=$?"
+    cp /tmp/restarts/results.json "$OUT/restarts-results.json"
+    python3 -c "import json; r = json.load(open('$OUT/restarts-results.json')); print([(f['step'], f['leftovers'], f['device_memory']) for f in r['faults']], r.get('device_memory'), r.get('param_sha256'))"
+    grep -h '"leftovers"' /tmp/restarts/events/*.jsonl > "$OUT/restarts-leftovers.jsonl" ;;
   writer)
     timeout 300 python3 -m devtools.local --mode ft_launcher --nproc_per_node 1 --run_dir /tmp/w \
       -- --model tiny --device cuda --max_steps 40 --checkpoint_interval 10 \
@@ -57,5 +73,5 @@ case "$call" in
     cp /tmp/w/results.json "$OUT/writer-results.json"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$OUT/writer.log" 2>&1
     python3 -c "import json; r = json.load(open('$OUT/writer-results.json')); print({k: r.get(k) for k in ('steps_completed', 'restarts', 'checkpoint', 'param_sha256')})" ;;
-  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, writer" >&2; exit 2 ;;
+  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, writer" >&2; exit 2 ;;
 esac
