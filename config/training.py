@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -115,8 +115,10 @@ class TrainConfig(BaseModel):
         "ranks", "checkpoints", gt=0,
         pod="the pod's terminationGracePeriodSeconds, sized from the checkpoint's write time")
     # -- snapshot tiers -----------------------------------------------------------------------
-    snapshot_interval: int = setting(0, "steps between snapshots (0: off)", "snapshot tiers",
-                                     ge=0)
+    snapshot_interval: Union[int, Literal["auto"]] = setting(
+        "auto", "steps between snapshots, or auto: the fewest that keep their cost under 1 % "
+        "of throughput, measured in each attempt's first steps (trainer.snapshots.cadence)",
+        "snapshot tiers")
     tiers: tuple[str, ...] = setting((), "snapshot tiers: memory, node, peer",
                                      "snapshot tiers", metavar="memory,node,peer")
     memory_budget_gib: float = setting(0.0, "host memory the snapshot buffers may use per rank "
@@ -246,8 +248,8 @@ def cross_field_problems(cfg: TrainConfig) -> list[str]:
         (all(t in TIERS for t in cfg.tiers),
          f"--tiers {next((t for t in cfg.tiers if t not in TIERS), '')!r} is unknown; allowed: "
          f"{', '.join(TIERS)}"),
-        (not cfg.tiers or cfg.snapshot_interval >= 1,
-         f"--tiers {','.join(cfg.tiers)} needs --snapshot_interval of at least 1"),
+        (cfg.snapshot_interval == "auto" or cfg.snapshot_interval >= 1,
+         f"--snapshot_interval {cfg.snapshot_interval} must be auto or at least 1"),
         (cfg.snapshot_staging == "host" or bool(cfg.tiers),
          f"--snapshot_staging {cfg.snapshot_staging} needs snapshot --tiers"),
         (cfg.soft_timeout < cfg.hard_timeout < cfg.barrier_timeout,

@@ -26,6 +26,7 @@ from trainer.loop.hooks import ProcessState
 from trainer.node_dir import node_root, snapshots_dir
 from trainer.recovery.phases import run_phase
 from trainer.snapshots import Snapshotter, warm_slots
+from trainer.snapshots.cadence import Cadence
 
 MetaFn = Callable[[int], dict]
 
@@ -67,6 +68,7 @@ class Tiers:
         self.snapshots: Optional[Snapshotter] = process.snapshots
         if self.snapshots is not None:
             self.snapshots.begin_attempt(cfg.collective_timeout(env.device.type))
+        self.cadence: Optional[Cadence] = None  # once the attempt's first step is known
         # Before the optimizer changes the state, its kernels wait for the snapshot copies.
         self.fence: Callable[[], None] = self.snapshots.own.fence \
             if self.snapshots is not None and env.device.type == "cuda" else _nothing
@@ -135,6 +137,16 @@ class Tiers:
         return got.meta
 
     # -- every step --------------------------------------------------------------------------
+    def begin(self, step: int) -> None:
+        """Training starts after `step`: the snapshot cadence counts from here."""
+        if self.snapshots is not None:
+            self.cadence = Cadence(self.cfg.snapshot_interval, step, self.env.device, self.log)
+
+    def observe(self, step: int, dt: float, snapshot_s: float) -> None:
+        """A reported step's time and the seconds its snapshot took (0: none was taken)."""
+        if self.cadence is not None:
+            self.cadence.observe(step, dt, snapshot_s, snapshot_s > 0)
+
     def saves_durably(self, step: int) -> bool:
         """Whether `after_step(step)` writes a durable checkpoint (the final one is `finish`'s)."""
         cfg = self.cfg
@@ -158,7 +170,7 @@ class Tiers:
         slot = None
         if self.snapshots is not None:
             self.snapshots.own.poll()
-            if step % cfg.snapshot_interval == 0 or durable_due or step == cfg.max_steps:
+            if self.cadence.due(step) or durable_due or step == cfg.max_steps:
                 t1 = time.perf_counter()
                 slot = self.snapshots.snapshot(step, local_tensors(model, optimizer), meta(step))
                 snapshot_s = time.perf_counter() - t1
@@ -237,4 +249,6 @@ class Tiers:
             out["checkpoint"] = self.checkpoints.stats.to_json()
         if self.snapshots is not None:
             out["snapshots"] = dict(self.snapshots.stats)
+        if self.cadence is not None and self.cadence.figures:
+            out["snapshot_cadence"] = self.cadence.figures
         return out

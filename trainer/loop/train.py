@@ -285,6 +285,7 @@ class Loop:
             hooks.process.telemetry = Telemetry(cfg, env)
         self.telemetry = hooks.process.telemetry
         self.telemetry.begin(self.step)
+        self.tiers.begin(self.step)
 
     def _resume(self, meta: dict) -> None:
         cfg = self.cfg
@@ -352,6 +353,7 @@ class Loop:
             self.events.emit("stop_requested", step=rec.step, ranks=rec.stop_requests,
                              signalled=termination.requested())
         self.perf.add(rec.dt)
+        self.tiers.observe(rec.step, rec.dt, rec.snapshot_s)
         if self.env.rank == 0:
             self.events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall,
                              snapshot_s=rec.snapshot_s, loss=rec.loss, grad_norm=rec.grad_norm,
