@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union  # noqa: F401 - the trainer settings' annotations
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 

@@ -11,10 +11,13 @@
 #   restarts one GPU rank of llama-1b through six exceptions in ft_launcher+inprocess, snapshots
 #          of every step in the memory and node tiers (the node directory on 2 MiB pages): the
 #          device memory each in-process attempt starts from, and what of the previous one survived
+#   published the published experiment at its shape on one GPU: llama-1b, 2,000 steps, a durable
+#          checkpoint every 500, the seed-42 five-fault schedule, ft_launcher+inprocess, snapshots
+#          in the memory and node tiers at the auto cadence, staged through device memory
 #   writer the checkpoint writer on the image's NVRx with a GPU rank (told its requests hold
 #          host memory only): a tiny-model run through two exceptions, every checkpoint committed
 set -uo pipefail
-call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|writer}
+call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|published|writer}
 export OUT=${OUT:-bench/results}
 here=$(dirname "$0")/..
 mkdir -p "$OUT"
@@ -65,6 +68,20 @@ case "$call" in
     cp /tmp/restarts/results.json "$OUT/restarts-results.json"
     python3 -c "import json; r = json.load(open('$OUT/restarts-results.json')); print([(f['step'], f['leftovers'], f['device_memory']) for f in r['faults']], r.get('device_memory'), r.get('param_sha256'))"
     grep -h '"leftovers"' /tmp/restarts/events/*.jsonl > "$OUT/restarts-leftovers.jsonl" ;;
+  published)
+    mkdir -p /mnt/hugeshm && mount -t tmpfs -o huge=always,size=80g nvrx-huge /mnt/hugeshm
+    grep -h hugeshm /proc/mounts | tee "$OUT/node-dir.txt"
+    timeout 560 python3 -m devtools.local --mode ft_launcher+inprocess --nproc_per_node 1 \
+      --run_dir /tmp/published --heartbeat_timeout 60 -- --model llama-1b --seq_len 2048 \
+      --batch_size 1 --device cuda --max_steps 2000 --checkpoint_interval 500 \
+      --fault_count 5 --fault_seed 42 --fault_types exception,hang --fault_type_weights 0.6,0.4 \
+      --fault_after_step 10 --tiers memory,node --snapshot_staging device \
+      --node_dir /mnt/hugeshm --soft_timeout 5 --hard_timeout 30 --barrier_timeout 120 \
+      --completion_timeout 120 --nccl_timeout 20 > "$OUT/published.log" 2>&1
+    echo "published run rc=$?"
+    cp /tmp/published/results.json "$OUT/published-results.json"
+    grep -h "snapshots every\|warning" "$OUT/published.log" | head -5
+    python3 -c "import json; r = json.load(open('$OUT/published-results.json')); print({k: r.get(k) for k in ('steps_completed', 'training_goodput_pct', 'infra_goodput_pct', 'tokens_per_second', 'snapshot_cadence', 'device_memory')}); print([(f['step'], f['type'], round(f['recovery_seconds'] or -1, 2), f['steps_lost'], f['restored_from'], f['device_memory']) for f in r['faults']])" ;;
   writer)
     timeout 300 python3 -m devtools.local --mode ft_launcher --nproc_per_node 1 --run_dir /tmp/w \
       -- --model tiny --device cuda --max_steps 40 --checkpoint_interval 10 \
@@ -73,5 +90,5 @@ case "$call" in
     cp /tmp/w/results.json "$OUT/writer-results.json"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$OUT/writer.log" 2>&1
     python3 -c "import json; r = json.load(open('$OUT/writer-results.json')); print({k: r.get(k) for k in ('steps_completed', 'restarts', 'checkpoint', 'param_sha256')})" ;;
-  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, writer" >&2; exit 2 ;;
+  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, published, writer" >&2; exit 2 ;;
 esac

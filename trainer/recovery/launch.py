@@ -365,9 +365,11 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
     down at once.
 
     A node that comes after the run has ended (a lost node's replacement pod, scheduled once its
-    instance is up) finds the rendezvous closed, and its launcher exits 1. Where `finished`
-    names the run's end, that exit is 0 and no failure is recorded: otherwise the Job would
-    count a failed pod, retry it, and end Failed after training had completed.
+    instance is up) finds the rendezvous closed and its launcher exits 1 (NVRx before 0.6), or
+    waits in it as a standby for good (0.6+). Where `finished` names the run's end, that exit
+    is 0 and no failure is recorded, and a launcher with no workers is stopped and exits 0
+    (`finished` is asked every END_POLL_S while it has none): otherwise the Job would count a
+    failed pod, retry it, and end Failed after training had completed, or never complete.
     """
     final = (workdir or Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))) / "final-error"
     become_subreaper()
@@ -383,8 +385,20 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, lambda signum, frame: terminating.append(signum))
+    next_look = time.monotonic() + END_POLL_S
     while not reap_orphans(proc) and not final.exists() and not terminating:
         time.sleep(0.2)
+        if time.monotonic() >= next_look:  # a standby of a run that has ended: nothing to wait for
+            next_look += END_POLL_S
+            end = None if worker_pids(proc.pid) else finished()
+            if end is not None:
+                print(f"python -m trainer.recovery.launch: the run has ended ({end}): this "
+                      "node has nothing to train", file=sys.stderr, flush=True)
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace_s)
+                proc.kill()
+                return 0
     if terminating:
         return stop_on_sigterm("python -m trainer.recovery.launch", [proc],
                                lambda: not reap_orphans(proc), grace_s)
@@ -495,6 +509,9 @@ def reap_orphans(proc: subprocess.Popen) -> bool:
         if pid == proc.pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode is not None
+
+
+END_POLL_S = 5.0  # how often a launcher with no workers asks whether the run has ended
 
 
 def run_end(cfg) -> Optional[str]:
