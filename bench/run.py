@@ -281,11 +281,11 @@ def profile_steps(out: Path, model: str, nproc: int, batch: int, seq: int,
     return res
 
 
-THROUGHPUT_RUNS = ("eager", "compiled", "compiled-snapshots", "compiled-ft")
+THROUGHPUT_RUNS = ("eager", "eager-snapshots", "compiled", "compiled-snapshots", "compiled-ft")
 
 
 def throughput(out: Path, model: str, nproc: int, batch: int, seq: int, steps: int,
-               tiers: str, snapshot_interval: int, stagings: list[str], extra: list[str],
+               tiers: str, snapshot_interval: str, stagings: list[str], extra: list[str],
                data: Optional[str], runs: list[str]) -> dict:
     """Step time and MFU side by side: eager, compiled, compiled with snapshots alone, and
     compiled with the fault-tolerance machinery on (one async checkpoint half-way, snapshots in
@@ -296,14 +296,15 @@ def throughput(out: Path, model: str, nproc: int, batch: int, seq: int, steps: i
     compiled = ["--compile", "true"]
     one_write = ["--checkpoint_interval", str(steps // 2), "--final_checkpoint", "false"]
 
-    def protected(label: str, durable: list[str]) -> dict:
+    def protected(label: str, durable: list[str], how: list[str] = compiled) -> dict:
         if tiers == "none":  # the durable tier alone, if there is one
-            return {label: [*compiled, *durable]} if durable is one_write else {}
+            return {label: [*how, *durable]} if durable is one_write else {}
         return {f"{label}-{staging}": [
-            *compiled, *durable, "--tiers", tiers, "--snapshot_interval", str(snapshot_interval),
+            *how, *durable, "--tiers", tiers, "--snapshot_interval", str(snapshot_interval),
             "--snapshot_staging", staging] for staging in stagings}
 
     groups = {"eager": {"eager": NO_CHECKPOINT},
+              "eager-snapshots": protected("eager-snapshots", NO_CHECKPOINT, []),
               "compiled": {"compiled": [*compiled, *NO_CHECKPOINT]},
               "compiled-snapshots": protected("compiled-snapshots", NO_CHECKPOINT),
               "compiled-ft": protected("compiled-ft", one_write)}
@@ -312,8 +313,9 @@ def throughput(out: Path, model: str, nproc: int, batch: int, seq: int, steps: i
     for kind, flags in ((k, f) for group in runs for k, f in groups[group].items()):
         run = _train(f"{label}-{kind}", out, "baseline", nproc, [*base, *flags], timeout=400)
         res[run["name"]] = _loop_mfu(run)
-        if kind.startswith("compiled-") and f"{label}-compiled" in res:
-            _versus(run, res[f"{label}-compiled"])
+        reference = f"{label}-{kind.split('-')[0]}"  # the same run without protection
+        if "-" in kind and reference in res:
+            _versus(run, res[reference])
         _save(out, label, res)
     return res
 
@@ -470,14 +472,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--throughput_steps", type=int, default=40)
     p.add_argument("--tiers", default="memory,node",
                    help="throughput: the fault-tolerant run's snapshot tiers, or none")
-    p.add_argument("--snapshot_interval", type=int, default=1,
-                   help="throughput: steps between snapshots in the fault-tolerant run")
+    p.add_argument("--snapshot_interval", default="1",
+                   help="throughput: steps between snapshots in the fault-tolerant run, or auto")
     p.add_argument("--snapshot_staging", default="host",
                    help="throughput: the fault-tolerant runs' --snapshot_staging, one run each "
                         f"(comma-separated from {', '.join(SNAPSHOT_STAGING)}); recovery, "
                         "faultfree: the first one")
     p.add_argument("--throughput_runs", default=",".join(THROUGHPUT_RUNS),
-                   help="throughput: which of eager, compiled and compiled-ft to run")
+                   help=f"throughput: which of {', '.join(THROUGHPUT_RUNS)} to run")
     p.add_argument("--activation_checkpointing", default="none",
                    choices=ACTIVATION_CHECKPOINTING,
                    help="throughput: the trainer's --activation_checkpointing in every run")

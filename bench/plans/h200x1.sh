@@ -14,10 +14,13 @@
 #   published the published experiment at its shape on one GPU: llama-1b, 2,000 steps, a durable
 #          checkpoint every 500, the seed-42 five-fault schedule, ft_launcher+inprocess, snapshots
 #          in the memory and node tiers at the auto cadence, staged through device memory
+#   cadence the auto snapshot cadence's cost at batch 1, 4 and 8 (device staging, 2 MiB pages),
+#          each against the same run without snapshots; then one GPU rank through six in-process
+#          restarts with few snapshots, for the throughput of each attempt
 #   writer the checkpoint writer on the image's NVRx with a GPU rank (told its requests hold
 #          host memory only): a tiny-model run through two exceptions, every checkpoint committed
 set -uo pipefail
-call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|published|writer}
+call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|published|cadence|writer}
 export OUT=${OUT:-bench/results}
 here=$(dirname "$0")/..
 mkdir -p "$OUT"
@@ -82,6 +85,24 @@ case "$call" in
     cp /tmp/published/results.json "$OUT/published-results.json"
     grep -h "snapshots every\|warning" "$OUT/published.log" | head -5
     python3 -c "import json; r = json.load(open('$OUT/published-results.json')); print({k: r.get(k) for k in ('steps_completed', 'training_goodput_pct', 'infra_goodput_pct', 'tokens_per_second', 'snapshot_cadence', 'device_memory')}); print([(f['step'], f['type'], round(f['recovery_seconds'] or -1, 2), f['steps_lost'], f['restored_from'], f['device_memory']) for f in r['faults']])" ;;
+  cadence)
+    mkdir -p /mnt/hugeshm && mount -t tmpfs -o huge=always,size=80g nvrx-huge /mnt/hugeshm
+    grep -h hugeshm /proc/mounts | tee "$OUT/node-dir.txt"
+    for b in 1 4 8; do
+      timeout 150 python3 -m bench.run throughput --out "$OUT" --nproc 1 --batch_size $b \
+        --throughput_steps 60 --throughput_runs eager,eager-snapshots --snapshot_interval auto \
+        --snapshot_staging device --node_dir /mnt/hugeshm > "$OUT/cadence-b$b.log" 2>&1
+      echo "batch $b rc=$?"
+    done
+    python3 -c "import json, glob; [print(k, v.get('throughput_vs_no_checkpoint_pct'), v.get('steady_step_seconds'), v.get('snapshot_cadence')) for f in sorted(glob.glob('$OUT/throughput-*.json')) for k, v in json.load(open(f))['results'].items()]"
+    timeout 200 python3 -m devtools.local --mode ft_launcher+inprocess --nproc_per_node 1 \
+      --run_dir /tmp/attempts --heartbeat_timeout 60 -- --model llama-1b --seq_len 2048 \
+      --batch_size 1 --device cuda --max_steps 300 --checkpoint_interval 0 \
+      --fault_count 6 --fault_seed 2027 --fault_types exception --fault_after_step 15 \
+      --tiers memory,node --snapshot_interval 50 --node_dir /mnt/hugeshm \
+      --soft_timeout 5 --hard_timeout 30 --barrier_timeout 120 --completion_timeout 120 \
+      --nccl_timeout 20 > "$OUT/attempts.log" 2>&1; echo "attempts run rc=$?"
+    grep -o "step  *[0-9]*/300 .*tok/s" "$OUT/attempts.log" | awk '{print $2, $(NF-1)}' | tr '\n' ' ' ;;
   writer)
     timeout 300 python3 -m devtools.local --mode ft_launcher --nproc_per_node 1 --run_dir /tmp/w \
       -- --model tiny --device cuda --max_steps 40 --checkpoint_interval 10 \
@@ -90,5 +111,5 @@ case "$call" in
     cp /tmp/w/results.json "$OUT/writer-results.json"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$OUT/writer.log" 2>&1
     python3 -c "import json; r = json.load(open('$OUT/writer-results.json')); print({k: r.get(k) for k in ('steps_completed', 'restarts', 'checkpoint', 'param_sha256')})" ;;
-  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, published, writer" >&2; exit 2 ;;
+  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, published, cadence, writer" >&2; exit 2 ;;
 esac

@@ -18,6 +18,7 @@ blocks are returned to the device before the next attempt builds its model.
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import weakref
 from typing import Optional
@@ -56,10 +57,11 @@ def start_clean(previous: Attempt, device: torch.device) -> dict:
     """Before an in-process attempt builds: what of the previous one is alive, and the device
     memory before and after the cached blocks no live stream can use are released."""
     alive = previous.alive()
+    threads = sorted(t.name for t in threading.enumerate())
     before = memory_now(device)
     t0 = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
-    return {"alive": alive, "memory_before": before, "device_memory": memory_now(device),
+    return {"alive": alive, "threads": threads, "memory_before": before, "device_memory": memory_now(device),
             "release_s": round(time.perf_counter() - t0, 4)}

@@ -7,21 +7,15 @@ import json
 import os
 import signal
 
-import pytest
-
 from devtools.local import tier_flags
 from tests.jobs import (STEPS, events, local_cmd, ok, recovery_flags, results, run_local,
                         runner_flags, start, wait_for)
-from trainer.recovery.nvrx_compat import NVRX_VERSION
 from trainer.recovery.phases import SLOW_PHASE_ENV
 
 INTERVAL = 4
 WRITE_S = 5  # each shard's write: the frozen rank's lands long after rank 0's loop stopped
 
 
-@pytest.mark.xfail(NVRX_VERSION >= (0, 7), strict=True, reason=(
-    "on NVRx 0.7 the runner's last line does not name the rank its in-process watchdog killed "
-    "(record_watchdog_kills' record is missing there; cause not established)"))
 def test_a_rank_killed_by_the_watchdog_is_named_and_what_landed_is_committed(
         cache_dir, reference, tmp_path):
     ref = reference()
