@@ -13,6 +13,17 @@ fi
 # NVLink multicast stays off on shared hosts; unbuffered output for live logs.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NVRX_EKS_CACHE=${NVRX_EKS_CACHE:-/tmp/nvrx-cache}
+# The node tier on 2 MiB pages, as the GPU nodes' /dev/shm has them: a tmpfs mounted huge=always
+# (as root), unless BENCH_ARGS names a --node_dir or NODE_PAGES=base asks for the host's own.
+# Every result records the node directory's page size (machine.node_dir_page_kib).
+if [[ "${BENCH_ARGS:-}" != *--node_dir* && "${NODE_PAGES:-huge}" == huge ]]; then
+  mkdir -p /mnt/hugeshm
+  if mountpoint -q /mnt/hugeshm || mount -t tmpfs -o huge=always,size=100g nvrx-huge /mnt/hugeshm; then
+    BENCH_ARGS="${BENCH_ARGS:-} --node_dir /mnt/hugeshm"
+  else
+    echo "bench/gpu.sh: could not mount a huge-page tmpfs at /mnt/hugeshm: the node tier stays on the host's pages"
+  fi
+fi
 # Logs are packed after each part and once more on the way out. Under an outer time limit (a CI
 # job's, a scheduler's), keep BENCH_SECONDS some 30 s below it: a shell killed outright leaves
 # only what was packed by then.

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from trainer.node_dir import mount_of
+
 SLOTS = 3
 SHMEM_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
 
@@ -103,13 +105,9 @@ def _process(action: str, root: Path, nbytes: int, device_gib: float) -> dict:
 
 
 def _mount_options(path: Path) -> Optional[str]:
-    """The options of the mount that holds `path` (huge=always, say), from /proc/mounts."""
-    best, options = "", None
-    for line in Path("/proc/mounts").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and str(path.resolve()).startswith(fields[1]) and len(fields[1]) > len(best):
-            best, options = fields[1], f"{fields[2]} {fields[3]}"
-    return options
+    """The type and options of the mount that holds `path` (tmpfs huge=always, say)."""
+    mount = mount_of(path)
+    return f"{mount[1]} {mount[2]}" if mount else None
 
 
 def measure(root: Path, nbytes: int, device_gib: float) -> dict:

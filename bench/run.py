@@ -422,8 +422,18 @@ def _machine() -> dict:
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
             "nvrx": _version("nvidia-resiliency-ext"), "transformers": _version("transformers"),
-            "cpus": os.cpu_count()})
+            "cpus": os.cpu_count(), **_node_dir_pages()})
     return _MACHINE
+
+
+def _node_dir_pages() -> dict:
+    """Where the runs' node tier lives and on which pages: a restart's pinning depends on it."""
+    from trainer.node_dir import default_node_dir, mount_of, page_bytes
+
+    node_dir = Path(NODE_DIR) if NODE_DIR else default_node_dir().parent
+    mount = mount_of(node_dir)
+    return {"node_dir": str(node_dir), "node_dir_page_kib": page_bytes(node_dir) // 1024,
+            "node_dir_mount": f"{mount[1]} {mount[2]}" if mount else None}
 
 
 def _save(out: Path, name: str, data: dict) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -208,16 +209,19 @@ class HostBuffer:
             self.flat.fill_(0)
         self.views = layout.views(self.flat)
         self._pinned = False
+        self.pin_s = 0.0  # what cudaHostRegister took (0: not pinned, or by a warming thread)
         if pin:
             self._pin()
 
     def _pin(self) -> None:
         if self._pinned:
             return
+        t0 = time.perf_counter()
         rc = torch.cuda.cudart().cudaHostRegister(self.flat.data_ptr(), self.layout.total_bytes, 0)
         if int(rc) != 0:
             raise RuntimeError(f"cudaHostRegister of {self.layout.total_bytes} bytes at "
                                f"{self.path} failed with CUDA error {int(rc)}")
+        self.pin_s = time.perf_counter() - t0
         self._pinned = True
 
     def stage(self, tensors: Mapping[str, torch.Tensor], stream: "torch.cuda.Stream | None" = None,
