@@ -29,6 +29,21 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The node tier on 2 MiB pages, as the GPU nodes' /dev/shm has them; the mount is recorded.
+huge_node_dir() {
+  mkdir -p /mnt/hugeshm
+  mountpoint -q /mnt/hugeshm || mount -t tmpfs -o huge=always,size=80g nvrx-huge /mnt/hugeshm
+  grep -h hugeshm /proc/mounts | tee "$OUT/node-dir.txt"
+}
+# One GPU rank of llama-1b (seq 2048, batch 1) in ft_launcher+inprocess, its node tier on
+# /mnt/hugeshm: `one_gpu_rank LIMIT_S RUN_DIR TRAINER_FLAGS...`.
+one_gpu_rank() {
+  local limit=$1 run_dir=$2; shift 2
+  timeout "$limit" python3 -m devtools.local --mode ft_launcher+inprocess --nproc_per_node 1 \
+    --run_dir "$run_dir" --heartbeat_timeout 60 -- --model llama-1b --seq_len 2048 \
+    --batch_size 1 --device cuda --node_dir /mnt/hugeshm --soft_timeout 5 --hard_timeout 30 \
+    --barrier_timeout 120 --completion_timeout 120 --nccl_timeout 20 "$@"
+}
 python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, 'nvrx', m.version('nvidia-resiliency-ext'), torch.cuda.get_device_name())" | tee "$OUT/env.txt"
 case "$call" in
   paths)
@@ -59,35 +74,26 @@ case "$call" in
     tar -czf "$OUT/logs.tar.gz" -C /tmp --exclude='*/checkpoints' --exclude='*/nodes' \
       node-loss/runs bf16 ;;
   restarts)
-    mkdir -p /mnt/hugeshm && mount -t tmpfs -o huge=always,size=80g nvrx-huge /mnt/hugeshm
-    grep -h hugeshm /proc/mounts | tee "$OUT/node-dir.txt"
-    timeout 420 python3 -m devtools.local --mode ft_launcher+inprocess --nproc_per_node 1 \
-      --run_dir /tmp/restarts --heartbeat_timeout 60 -- --model llama-1b --seq_len 2048 \
-      --batch_size 1 --device cuda --max_steps 160 --checkpoint_interval 0 \
+    huge_node_dir
+    one_gpu_rank 420 /tmp/restarts --max_steps 160 --checkpoint_interval 0 \
       --fault_count 6 --fault_seed 2027 --fault_types exception --fault_after_step 15 \
-      --tiers memory,node --snapshot_interval 1 --node_dir /mnt/hugeshm \
-      --soft_timeout 5 --hard_timeout 30 --barrier_timeout 120 --completion_timeout 120 \
-      --nccl_timeout 20 > "$OUT/restarts.log" 2>&1; echo "restarts run rc=$?"
+      --tiers memory,node --snapshot_interval 1 > "$OUT/restarts.log" 2>&1
+    echo "restarts run rc=$?"
     cp /tmp/restarts/results.json "$OUT/restarts-results.json"
     python3 -c "import json; r = json.load(open('$OUT/restarts-results.json')); print([(f['step'], f['leftovers'], f['device_memory']) for f in r['faults']], r.get('device_memory'), r.get('param_sha256'))"
     grep -h '"leftovers"' /tmp/restarts/events/*.jsonl > "$OUT/restarts-leftovers.jsonl" ;;
   published)
-    mkdir -p /mnt/hugeshm && mount -t tmpfs -o huge=always,size=80g nvrx-huge /mnt/hugeshm
-    grep -h hugeshm /proc/mounts | tee "$OUT/node-dir.txt"
-    timeout 560 python3 -m devtools.local --mode ft_launcher+inprocess --nproc_per_node 1 \
-      --run_dir /tmp/published --heartbeat_timeout 60 -- --model llama-1b --seq_len 2048 \
-      --batch_size 1 --device cuda --max_steps 2000 --checkpoint_interval 500 \
+    huge_node_dir
+    one_gpu_rank 560 /tmp/published --max_steps 2000 --checkpoint_interval 500 \
       --fault_count 5 --fault_seed 42 --fault_types exception,hang --fault_type_weights 0.6,0.4 \
       --fault_after_step 10 --tiers memory,node --snapshot_staging device \
-      --node_dir /mnt/hugeshm --soft_timeout 5 --hard_timeout 30 --barrier_timeout 120 \
-      --completion_timeout 120 --nccl_timeout 20 > "$OUT/published.log" 2>&1
+      > "$OUT/published.log" 2>&1
     echo "published run rc=$?"
     cp /tmp/published/results.json "$OUT/published-results.json"
     grep -h "snapshots every\|warning" "$OUT/published.log" | head -5
     python3 -c "import json; r = json.load(open('$OUT/published-results.json')); print({k: r.get(k) for k in ('steps_completed', 'training_goodput_pct', 'infra_goodput_pct', 'tokens_per_second', 'snapshot_cadence', 'device_memory')}); print([(f['step'], f['type'], round(f['recovery_seconds'] or -1, 2), f['steps_lost'], f['restored_from'], f['device_memory']) for f in r['faults']])" ;;
   cadence)
-    mkdir -p /mnt/hugeshm && mount -t tmpfs -o huge=always,size=80g nvrx-huge /mnt/hugeshm
-    grep -h hugeshm /proc/mounts | tee "$OUT/node-dir.txt"
+    huge_node_dir
     for b in 1 4 8; do
       timeout 150 python3 -m bench.run throughput --out "$OUT" --nproc 1 --batch_size $b \
         --throughput_steps 60 --throughput_runs eager,eager-snapshots --snapshot_interval auto \
@@ -95,13 +101,10 @@ case "$call" in
       echo "batch $b rc=$?"
     done
     python3 -c "import json, glob; [print(k, v.get('throughput_vs_no_checkpoint_pct'), v.get('steady_step_seconds'), v.get('snapshot_cadence')) for f in sorted(glob.glob('$OUT/throughput-*.json')) for k, v in json.load(open(f))['results'].items()]"
-    timeout 200 python3 -m devtools.local --mode ft_launcher+inprocess --nproc_per_node 1 \
-      --run_dir /tmp/attempts --heartbeat_timeout 60 -- --model llama-1b --seq_len 2048 \
-      --batch_size 1 --device cuda --max_steps 300 --checkpoint_interval 0 \
+    one_gpu_rank 200 /tmp/attempts --max_steps 300 --checkpoint_interval 0 \
       --fault_count 6 --fault_seed 2027 --fault_types exception --fault_after_step 15 \
-      --tiers memory,node --snapshot_interval 50 --node_dir /mnt/hugeshm \
-      --soft_timeout 5 --hard_timeout 30 --barrier_timeout 120 --completion_timeout 120 \
-      --nccl_timeout 20 > "$OUT/attempts.log" 2>&1; echo "attempts run rc=$?"
+      --tiers memory,node --snapshot_interval 50 > "$OUT/attempts.log" 2>&1
+    echo "attempts run rc=$?"
     grep -o "step  *[0-9]*/300 .*tok/s" "$OUT/attempts.log" | awk '{print $2, $(NF-1)}' | tr '\n' ' ' ;;
   writer)
     timeout 300 python3 -m devtools.local --mode ft_launcher --nproc_per_node 1 --run_dir /tmp/w \
