@@ -356,7 +356,8 @@ def _restore(ckpt: Path, world: int, rank: int, saved_world: int) -> dict:
     model, optimizer = model_and_optimizer()
     mgr = manager(ckpt, world, rank)
     tally = Tally()
-    oracle = {"broadcast_object_list": lambda: [[(10, saved_world)]]}
+    # rank 0's survey: the committed checkpoints that pass the cheap checks, and those that fail
+    oracle = {"broadcast_object_list": lambda: [([(10, saved_world)], [])]}
     with counting(tally, world, rank, oracle):
         meta = mgr.restore(model, optimizer, required=True)
     assert meta["step"] == 10

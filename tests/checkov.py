@@ -43,7 +43,9 @@ def describe(records: list[dict]) -> str:
 
 
 def checkov_command(framework: str, *targets: Path) -> list[str]:
-    args = [str(CHECKOV), "--framework", framework, "--skip-download", "--output", "json", "--compact"]
+    # run by its venv's interpreter: the script's shebang breaks where the checkout's path has a space
+    args = [str(CHECKOV.parent / "python3"), str(CHECKOV), "--framework", framework,
+            "--skip-download", "--output", "json", "--compact"]
     for target in targets:
         args += ["--directory" if target.is_dir() else "--file", str(target)]
     return args

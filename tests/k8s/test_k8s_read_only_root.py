@@ -85,9 +85,12 @@ def test_the_checkout_stays_visible_when_it_lives_under_the_scratch_mount():
         pytest.skip("needs util-linux unshare (Linux) for a private mount namespace")
     clone = Path(tempfile.mkdtemp(dir=SCRATCH_MOUNT, prefix="nvrx-eks clone-"))
     stage = Path(tempfile.mkdtemp(dir=SHM, prefix="nvrx-eks-stage-"))
+    hidden, marker = tempfile.mkstemp(dir=SCRATCH_MOUNT, prefix="nvrx-eks-host-file-")
+    os.close(hidden)
     try:
+        # the checkout visible and read-only; the host's own scratch files hidden by the tmpfs
         probe = ["sh", "-c", "test -f pyproject.toml && ! touch pyproject.toml 2>/dev/null "
-                 "&& test -z \"$(ls -A /tmp | grep -v '^nvrx-eks clone-')\" && echo visible"]
+                 f"&& ! test -e {shlex.quote(marker)} && echo visible"]
         inner = pod_script(clone, probe, stage)
         script = f"set -eu\nmount --make-rprivate /\nmount --bind {shlex.quote(str(ROOT))} " \
                  f"{shlex.quote(str(clone))}\n{inner}"
@@ -97,6 +100,7 @@ def test_the_checkout_stays_visible_when_it_lives_under_the_scratch_mount():
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         clone.rmdir()
+        os.unlink(marker)
 
 
 @pytest.mark.parametrize("mode", ["baseline", "ft_launcher+inprocess"])

@@ -7,6 +7,7 @@ appends each argv to a JSON-lines log and answers the few queries the wrapper ma
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -17,7 +18,6 @@ import pytest
 from config import load_profile
 
 FAKE_KUBECTL = """\
-#!{python}
 import json, os, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_KUBECTL_LOG"], "a") as log:
@@ -83,8 +83,11 @@ def outputs(tmp_path: Path) -> Path:
 def fake_kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeKubectl:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    (bin_dir / "kubectl.py").write_text(textwrap.dedent(FAKE_KUBECTL.format()))
+    # A shell script that runs it: a shebang cannot name an interpreter whose path has a space
     script = bin_dir / "kubectl"
-    script.write_text(textwrap.dedent(FAKE_KUBECTL.format(python=sys.executable)))
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} '
+                      f'{shlex.quote(str(bin_dir / "kubectl.py"))} "$@"\n')
     script.chmod(0o755)
     log = tmp_path / "kubectl.log"
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")

@@ -149,7 +149,7 @@ def test_cleanup_order(run, fake_kubectl) -> None:
 
 
 def test_kubectl_failure_exit_code_is_passed_on(run, fake_kubectl) -> None:
-    script = fake_kubectl.bin_dir / "kubectl"
+    script = fake_kubectl.bin_dir / "kubectl.py"
     script.write_text(script.read_text() + "if 'train-r1' in args:\n    sys.exit(3)\n")
     code, _, err = run("stop", "--run-id", "r1")
     assert code == 3

@@ -204,6 +204,8 @@ def test_with_no_spare_left_the_world_shrinks_then_grows_back(cache_dir, pace, r
     after = {e["step"]: e["loss"] for e in ev if e["event"] == "step" and e["t"] > start["t"]}
     assert sorted(after) == list(range(start["step"] + 1, STEPS + 1))
     for step, loss in after.items():
-        assert loss == pytest.approx(ref_loss[step], rel=1e-4), f"step {step}"
+        # one rank sums the two micro-batches' gradients in another order than two ranks do,
+        # in the compute dtype (bf16 where this CPU has it): 1.0e-4 apart was seen at step 7
+        assert loss == pytest.approx(ref_loss[step], rel=5e-4), f"step {step}"
     res = results(run_dir, signalled=True)
     assert res["steps_completed"] == STEPS
