@@ -193,6 +193,13 @@ def results(run_dir: Path, signalled: bool = False) -> dict:
     return res
 
 
+def runner_error(output: str) -> str:
+    """The local runner's error line. A rank that its launcher killed leaves its named
+    semaphores to multiprocessing's resource tracker, whose warning may come after it."""
+    return next((line for line in reversed(output.strip().splitlines())
+                 if line.startswith("devtools.local: error")), "")
+
+
 def ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 

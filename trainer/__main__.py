@@ -1,4 +1,3 @@
-import os
 import sys
 
 # The guard matters for forked workers: they run this file by path, and a process they spawn
@@ -6,7 +5,7 @@ import sys
 if __name__ == "__main__":
     from trainer.recovery import termination
     from trainer.recovery.forkserver import forked_worker
-    from trainer.recovery.lifetime import worker_dies_with_agent
+    from trainer.recovery.lifetime import leave, worker_dies_with_agent
 
     termination.install()  # the launcher's stop signal, held until now
     if not forked_worker():  # a forked worker died with its fork server from its first instant
@@ -22,6 +21,4 @@ if __name__ == "__main__":
         # is destroyed and the checkpoint writer stopped; what is left are library threads
         # (gloo, stores) whose C++ destructors can abort at exit, which a launcher would count
         # as a failed rank.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+        leave(rc)

@@ -12,6 +12,7 @@ from trainer.config import TrainConfig, check_environment, parse_args
 from trainer.errors import ConfigError, FinalError
 from trainer.recovery.forkserver import forked_worker
 from trainer.recovery.launch import record_final_error
+from trainer.recovery.lifetime import leave
 
 
 def write_results(cfg: TrainConfig, summary: dict) -> dict:
@@ -59,9 +60,7 @@ def exit_now(hooks, rank: Optional[int] = None) -> None:
 
         failfast.announce(rank)
     Tiers.abandon(hooks.process)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    leave(1)
 
 
 def _leave_with_failed_peers(hooks, rank: int, events) -> None:

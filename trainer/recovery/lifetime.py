@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -159,6 +160,28 @@ def worker_dies_with_agent() -> None:
             os._exit(1)
     if expected is not None:
         die_with_parent(expected)
+
+
+def leave(rc: int) -> None:
+    """End this process at once, without interpreter teardown (see `trainer.__main__`), but
+    with the named semaphores it created unlinked first.
+
+    NVRx's in-process Wrapper talks to its monitor process through a spawn-context queue and
+    events: named POSIX semaphores that multiprocessing unlinks at interpreter exit. `os._exit`
+    skips that, so the resource tracker would unlink them after the run and print "There appear
+    to be N leaked semaphore objects" at the end of every in-process run. Unlinking only drops
+    the names: the handles this process and the monitor hold stay valid.
+    """
+    from multiprocessing import synchronize, util
+
+    # The stdlib keeps its exit-time finalizers in this registry; a semaphore's is its
+    # `SemLock._cleanup` (tests/trainer/recovery/test_lifetime.py fails if that changes).
+    for finalizer in list(util._finalizer_registry.values()):
+        if getattr(finalizer, "_callback", None) is synchronize.SemLock._cleanup:
+            finalizer()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def launcher() -> Optional[ProcessId]:

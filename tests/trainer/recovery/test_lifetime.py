@@ -204,3 +204,21 @@ def test_a_lease_that_names_pids_without_start_times_counts_only_its_renewal(tmp
     fresh = _lease_file(tmp_path / "fresh", host=socket.gethostname(), pids=[1])
     with pytest.raises(LeaseError):
         Lease(fresh).acquire()
+
+
+LEAVER = """
+import multiprocessing, os, sys
+from trainer.recovery.lifetime import leave
+queue, event = multiprocessing.get_context("spawn").Queue(), multiprocessing.get_context("spawn").Event()
+leave(0) if sys.argv[1] == "leave" else os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("how", ("leave", "os._exit"))
+def test_leaving_at_once_unlinks_the_named_semaphores_it_created(how):
+    """NVRx's in-process Wrapper holds a spawn-context queue and events; a rank that ends with
+    `os._exit` alone leaves their names to the resource tracker, which warns at every run's end."""
+    proc = subprocess.run([sys.executable, "-c", LEAVER, how], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert ("leaked semaphore" in proc.stderr) == (how == "os._exit"), proc.stderr

@@ -5,7 +5,7 @@ the final save costs neither a rewind nor the result. Real jobs, real NVRx, CPU 
 import pytest
 
 from devtools.pace import Pace
-from tests.jobs import STEPS, events, faults, faults_fired, first, ok, results, run_local
+from tests.jobs import STEPS, events, faults, faults_fired, first, ok, results, run_local, runner_error
 
 from trainer.faults.inject import POINT_FAULTS_ENV
 from trainer.recovery.phases import SLOW_PHASE_ENV
@@ -65,8 +65,8 @@ def test_same_error_before_any_progress_ends_the_job_with_its_cause(cache_dir, p
                      "--checkpoint_interval", "4", *TIERS, *pace.recovery_flags(), *faults("exception"),
                      extra_env={POINT_FAULTS_ENV: "buffers:1:1,buffers:1:2,buffers:1:3,buffers:1:4"})
     assert proc.returncode == 1
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("devtools.local: error: mode inprocess could not recover")
+    last = runner_error(proc.stderr)
+    assert last.startswith("devtools.local: error: mode inprocess could not recover"), proc.stderr[-3000:]
     assert "InjectedFault: injected exception at buffers" in last
     assert "failed again before training a step" in last
     # the second identical failure ends it: the third and fourth never fire

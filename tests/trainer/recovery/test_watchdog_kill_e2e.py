@@ -9,7 +9,7 @@ import signal
 
 from devtools.local import tier_flags
 from tests.jobs import (STEPS, events, local_cmd, ok, recovery_flags, results, run_local,
-                        runner_flags, start, wait_for)
+                        runner_error, runner_flags, start, wait_for)
 from trainer.recovery.phases import SLOW_PHASE_ENV
 
 INTERVAL = 4
@@ -33,9 +33,7 @@ def test_a_rank_killed_by_the_watchdog_is_named_and_what_landed_is_committed(
     os.kill(saved()["pid"], signal.SIGSTOP)
     assert job.wait(timeout=600) == 1
     log = (run_dir / "test-output.log").read_text()
-    # the runner's last line; Python's shutdown warnings (a resource tracker's) may follow it
-    last = next((line for line in reversed(log.strip().splitlines())
-                 if line.startswith("devtools.local: error")), "")
+    last = runner_error(log)
     assert "rank 1: WatchdogTimeout" in last, log[-3000:]
     assert "SIGTERM" in last and f"--hard_timeout {hard} s" in last and f"--soft_timeout {soft} s" in last
 
