@@ -171,7 +171,8 @@ def counting(tally: Tally, world: int, rank: int, oracle: dict) -> Iterator[None
 
     main = threading.current_thread()
     patches = [(dist, name, collective(name, moved[name])) for name in behaviour]
-    patches += [(snapshotter, "pg_store", lambda: store), (landing, "pg_store", lambda: store)]
+    patches += [(snapshotter, "default_group_store", lambda: store),
+                (landing, "default_group_store", lambda: store)]
     patches += [(os, n, fs(key, getattr(os, n))) for n, key in
                 (("stat", "fs_stats"), ("lstat", "fs_stats"), ("open", "fs_opens"),
                  ("listdir", "fs_listings"), ("scandir", "fs_listings"))]

@@ -5,7 +5,7 @@ from config.contract import MODE_NAMES, RecoveryMode
 from config.errors import ProfileError
 from config.instances import INSTANCE_TYPES, InstanceSpec, instance_spec, network_interface_layout
 from config.loading import available_profiles, load_profile, profile_from_dict
-from config.profile import RECOVERY_MODES, Profile
+from config.profile import Profile
 
 __all__ = [
     "INSTANCE_TYPES",
@@ -13,7 +13,6 @@ __all__ = [
     "MODE_NAMES",
     "Profile",
     "ProfileError",
-    "RECOVERY_MODES",
     "RecoveryMode",
     "available_profiles",
     "instance_spec",

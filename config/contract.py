@@ -206,6 +206,24 @@ def inprocess_ports(environ: Mapping[str, str]) -> tuple[int, int]:
     return wrapper, _app_store_after(wrapper)
 
 
+def rendezvous_argv(nnodes: int, join_timeout_s: float, *, min_nodes: int | None = None,
+                    spare_nodes: int | None = None, rdzv_id: str | None = None,
+                    node_timeout_s: float | None = None,
+                    last_call_timeout_s: float | None = None) -> list[str]:
+    """The rendezvous flags that the node's launcher (`trainer.recovery.launch`) and the store
+    process that closes its rounds (`trainer.recovery.store_server`) both take: written here
+    alone, by the manifests and by a launcher for its store process. A flag given as None is
+    left out, at the parser's default."""
+    flags = {"--nnodes": nnodes, "--min_nodes": min_nodes, "--spare_nodes": spare_nodes,
+             "--rdzv_id": rdzv_id, "--rdzv_join_timeout": float(join_timeout_s),
+             "--node_timeout": node_timeout_s, "--rdzv_last_call_timeout": last_call_timeout_s}
+    argv: list[str] = []
+    for flag, value in flags.items():
+        if value is not None:
+            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return argv
+
+
 # --- Snapshot tiers: host memory ----------------------------------------------------------------
 SNAPSHOT_SLOTS = 2  # own snapshot slots: double buffering
 PEER_SLOTS = 2  # replica slots: the previous replica stays valid while the next arrives

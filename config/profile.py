@@ -21,12 +21,11 @@ from config.training import TrainConfig, pod_owned
 from config.versions import DEFAULT_EKS_VERSION, DEFAULT_NVRX_VERSION, check_eks_version, nvrx_release
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-RECOVERY_MODES: tuple[str, ...] = MODE_NAMES
 Workload = Literal["job", "jobset"]
 _AMI_ID = re.compile(r"ami-[0-9a-f]{8,17}")
 _AMI_SSM_PREFIX = "/aws/service/eks/optimized-ami/"
 
-__all__ = ["ProfileError", "Profile", "RECOVERY_MODES", "RecoveryMode"]
+__all__ = ["ProfileError", "Profile", "RecoveryMode"]
 
 
 class _Strict(BaseModel):

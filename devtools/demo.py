@@ -31,7 +31,7 @@ from config.training import choices
 from devtools import report
 from devtools.local import tier_flags
 from devtools.pace import Pace, PaceError, measure
-from trainer.config import MODES
+from trainer.config import MODE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["--model", "tiny", "--log_interval", "20"]
@@ -93,7 +93,7 @@ def recovery(out: Path, steps: int, pace: Pace, common: Sequence[str]) -> int:
     flags = [*common, "--max_steps", str(steps), "--checkpoint_interval", str(steps // 4),
              *FAULTS, *pace.recovery_flags()]
     paths = []
-    for mode in MODES:
+    for mode in MODE_NAMES:
         run_dir = out / mode.replace("+", "-")
         run_job(mode, mode, run_dir, pace.runner_flags(mode), [*flags, *tier_flags(mode)],
                 pace.job_limit(steps))

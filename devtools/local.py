@@ -33,13 +33,13 @@ from typing import Optional, Sequence
 
 from config.contract import FIGURES_FILE_ENV, FINAL_ERROR_ENV, PORTS_PER_JOB, RecoveryMode
 from trainer.accounting.events import events_dir, job_log
-from trainer.config import MODES
+from trainer.config import MODE_NAMES
 from trainer.durable.lease import RUN_ID_ENV
 from trainer.recovery.lifetime import child_dies_with_me
 from trainer.recovery.store_server import listening
 from trainer.recovery.termination import SIGTERM_EXIT_CODE
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
-                                     launch_env, rendezvous_argv, run_end, stop_on_sigterm,
+                                     launch_env, run_end, spec_rendezvous, stop_on_sigterm,
                                      topology_problem)
 
 # Whole-job restarts by default where the Job is the only layer that recovers (baseline).
@@ -89,7 +89,7 @@ def _flag(args: Sequence[str], name: str) -> Optional[str]:
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="python -m devtools.local", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=MODES, default=RecoveryMode.BASELINE.value)
+    p.add_argument("--mode", choices=MODE_NAMES, default=RecoveryMode.BASELINE.value)
     p.add_argument("--nproc_per_node", type=int, default=2)
     p.add_argument("--nnodes", type=int, default=1, help="simulated nodes, each its own launcher")
     p.add_argument("--spare_nodes", type=int, default=0,
@@ -281,7 +281,7 @@ def start_store(spec: LaunchSpec, run_dir: Path, timeout_s: float = 60.0) -> sub
     log = open(run_dir / "store.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "trainer.recovery.store_server",
                              "--master_port", str(port), "--host", "127.0.0.1",
-                             *rendezvous_argv(spec)],
+                             *spec_rendezvous(spec)],
                             # NVRx 0.6+ closes a round with two launchers of one host only in
                             # a simulation that says so: here every node is this host
                             env={**os.environ, "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1"},

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from config import RECOVERY_MODES, Profile, ProfileError, load_profile
+from config import MODE_NAMES, Profile, ProfileError, load_profile
 from config.training import settings_lines
 from k8s import synth
 from k8s.deployment import Deployment, resolve
@@ -23,7 +23,7 @@ PROG = "python -m k8s"
 def add_deployment_args(parser: argparse.ArgumentParser) -> None:
     """Options shared with the wrapper, so both accept the same spelling."""
     parser.add_argument("--profile", required=True, help="profile name in config/profiles, or a YAML path")
-    parser.add_argument("--mode", choices=RECOVERY_MODES, help="recovery mode (default: the profile's)")
+    parser.add_argument("--mode", choices=MODE_NAMES, help="recovery mode (default: the profile's)")
     parser.add_argument(
         "--outputs",
         help="CDK outputs file (default: ./cdk-outputs.json when it exists)",

@@ -7,6 +7,7 @@ profile. `$(JOB_COMPLETION_INDEX)` is expanded by the kubelet, so no shell is ne
 
 from __future__ import annotations
 
+from config.contract import rendezvous_argv
 from config.training import TrainConfig, pod_owned
 from config.training import shown as fmt  # values as the launcher's and trainer's parsers read them
 from k8s import naming
@@ -19,22 +20,15 @@ def restarts_for(dep: Deployment) -> int:
     return dep.profile.recovery.max_restarts if dep.recovery_mode.launcher_restarts_workers else 0
 
 
-def node_range_argv(dep: Deployment) -> list[str]:
-    """The nodes that train, the fewest they may shrink to and the spares beside them; where
-    the launcher hosts no store (ft_launcher modes) the store pod serves every store. torchrun
-    modes take the node count alone: they have neither spares nor shrinking (k8s.deployment)."""
+def deployment_rendezvous(dep: Deployment) -> list[str]:
+    """The rendezvous the launchers join and, where it serves them, the store pod closes: the
+    nodes that train, and where the launcher hosts no store (ft_launcher modes, whose store pod
+    serves every store) the fewest they may shrink to and the spares beside them. torchrun modes
+    take the node count alone: they have neither spares nor shrinking (k8s.deployment)."""
     profile = dep.profile
-    argv = ["--nnodes", str(profile.node_count)]
-    if dep.external_store:
-        argv += ["--min_nodes", str(profile.shrink_floor), "--spare_nodes", str(profile.spare_nodes)]
-    return argv
-
-
-def rendezvous_argv(dep: Deployment) -> list[str]:
-    """The rendezvous the launchers join and, where it serves them, the store pod closes
-    (`trainer.recovery.launch.add_rendezvous_args`): both take the same flags."""
-    return [*node_range_argv(dep),
-            "--rdzv_join_timeout", fmt(dep.profile.recovery.rdzv_join_timeout_s)]
+    shrinks = {"min_nodes": profile.shrink_floor, "spare_nodes": profile.spare_nodes} \
+        if dep.external_store else {}
+    return rendezvous_argv(profile.node_count, profile.recovery.rdzv_join_timeout_s, **shrinks)
 
 
 def launcher_argv(dep: Deployment) -> list[str]:
@@ -42,7 +36,7 @@ def launcher_argv(dep: Deployment) -> list[str]:
     return [
         "python", "-m", "trainer.recovery.launch",
         "--mode", dep.mode,
-        *rendezvous_argv(dep),
+        *deployment_rendezvous(dep),
         "--nproc_per_node", str(dep.instance.gpus),
         "--node_rank", f"$({naming.COMPLETION_INDEX_ENV})",
         "--master_addr", dep.master_addr,
@@ -81,7 +75,7 @@ def store_command(dep: Deployment) -> list[str]:
     launchers' rendezvous, whose rounds it closes where the image's NVRx needs it to."""
     return ["python", "-m", "trainer.recovery.store_server",
             "--master_port", str(naming.RENDEZVOUS_PORT), "--host", "0.0.0.0",
-            *rendezvous_argv(dep)]  # fmt: skip
+            *deployment_rendezvous(dep)]  # fmt: skip
 
 
 def data_prep_command(dep: Deployment, num_proc: int) -> tuple[list[str], list[str]]:

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 
-from config import RECOVERY_MODES, InstanceSpec, Profile, RecoveryMode
+from config import MODE_NAMES, InstanceSpec, Profile, RecoveryMode
 from config.contract import (EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FORMATS,
                              TERMINATION_GRACE_FLOOR_S)
 from config.presets import PRESETS
@@ -239,8 +239,8 @@ def check_elastic(profile: Profile, mode: str) -> None:
 
 
 def _check_mode(mode: str) -> str:
-    if mode not in RECOVERY_MODES:
-        raise SynthError(f"mode {mode!r} is not one of {', '.join(RECOVERY_MODES)}")
+    if mode not in MODE_NAMES:
+        raise SynthError(f"mode {mode!r} is not one of {', '.join(MODE_NAMES)}")
     return mode
 
 

@@ -18,12 +18,12 @@ from typing import Any, NoReturn, Optional, Sequence
 
 from pydantic import ValidationError
 
-from config.contract import MODE_NAMES as MODES  # one table of recovery modes
+from config.contract import MODE_NAMES  # one table of recovery modes
 from config.presets import PRESETS, TOKENIZERS
 from config.training import GROUPS, STAGED_SHARE, TrainConfig, batch_problem, describe, shown
 from trainer.errors import ConfigError
 
-__all__ = ["MODES", "STAGED_SHARE", "TrainConfig", "accumulation_steps", "build_parser",
+__all__ = ["MODE_NAMES", "STAGED_SHARE", "TrainConfig", "accumulation_steps", "build_parser",
            "check_environment", "from_values", "parse_args", "validate"]
 
 

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from config import RECOVERY_MODES, Profile, load_profile
+from config import MODE_NAMES, Profile, load_profile
 from k8s import synth
 from k8s.deployment import Deployment, resolve
 from k8s.outputs import StackOutputs, merge_stacks
 
 PROFILES = ("p5", "p4de", "g5-dev")
-MODES = RECOVERY_MODES
 
 
 def stack_outputs(profile: Profile, **overrides: str) -> dict[str, dict[str, str]]:
@@ -97,7 +96,7 @@ def synthesized(profile: str, mode: str) -> Synthesis:
     return Synthesis(dep, synth.build(dep))
 
 
-@pytest.fixture(params=[(p, m) for p in PROFILES for m in MODES], ids=lambda pm: f"{pm[0]}-{pm[1]}")
+@pytest.fixture(params=[(p, m) for p in PROFILES for m in MODE_NAMES], ids=lambda pm: f"{pm[0]}-{pm[1]}")
 def synthesis(request: pytest.FixtureRequest) -> Synthesis:
     return synthesized(*request.param)
 

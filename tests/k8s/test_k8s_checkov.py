@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from config import RECOVERY_MODES, load_profile
+from config import MODE_NAMES, load_profile
 from k8s import checkov, naming, synth
 from k8s.deployment import resolve
 from k8s.outputs import load_outputs
@@ -32,7 +32,7 @@ def write_every_manifest(outdir: Path, outputs_file) -> set[str]:
         outputs = load_outputs(outputs_file(name))
         for workload in WORKLOADS:
             profile = load_profile(name).model_copy(update={"workload": workload})
-            for mode in RECOVERY_MODES:
+            for mode in MODE_NAMES:
                 run_id = f"{naming.mode_slug(mode)}-{name}"
                 manifests = synth.build(resolve(profile, outputs, mode=mode, run_id=run_id))
                 synth.write(manifests, outdir / f"{run_id}-{workload}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from config import MODE_NAMES as MODES
+from config import MODE_NAMES
 from config import RecoveryMode, contract, load_profile
 from k8s import synth
 from k8s.deployment import resolve
@@ -68,7 +68,7 @@ def launch_command(synthesis, index: int) -> list[str]:
     return build_command(spec, trainer_args)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_NAMES)
 def test_rendezvous_outlasts_a_node_replacement_and_no_ft_node_hosts(synth_for, mode: str) -> None:
     """torchrun modes: node rank 0 hosts the stores. ft_launcher modes: the store pod does, and
     no launcher is the rendezvous host (`--external_store`)."""
@@ -99,7 +99,7 @@ def jobset_synthesis(mode: str, outputs_of):
     return dep, synth.build(dep)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_NAMES)
 def test_jobset_workload_structure(mode: str, outputs_of) -> None:
     dep, manifests = jobset_synthesis(mode, outputs_of)
     train = manifests[synth.file_name(synth.TRAIN, dep.run_id)]
@@ -206,11 +206,11 @@ def test_manifests_synthesize_without_torch(tmp_path: Path, outputs_file) -> Non
     )
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(list((tmp_path / "dist").glob("30-train-*.yaml"))) == len(MODES)
+    assert len(list((tmp_path / "dist").glob("30-train-*.yaml"))) == len(MODE_NAMES)
 
 
 def test_mode_table_is_the_trainers() -> None:
-    from trainer.config import MODES as TRAINER_MODES
+    from trainer.config import MODE_NAMES as TRAINER_MODES
     from trainer.config import TrainConfig
 
     assert tuple(TRAINER_MODES) == tuple(m.value for m in RecoveryMode)

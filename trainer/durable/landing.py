@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import torch.distributed as dist
 
-from trainer.loop.distributed import pg_store
+from trainer.loop.distributed import default_group_store
 
 ATTEMPTS_KEY = "nvrx-eks/durable/attempts"
 WAIT_FIRST_S = 0.01  # a commit waited for is checked this soon, then ever less often
@@ -95,7 +95,7 @@ class Landings:
     @staticmethod
     def join(rank: int) -> "Landings":
         """Every rank, collectively, once per attempt: the attempt's own namespace."""
-        store = base_store(pg_store())
+        store = base_store(default_group_store())
         if rank == 0:
             store.add(ATTEMPTS_KEY, 1)
         dist.barrier()

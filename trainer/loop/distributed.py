@@ -78,7 +78,7 @@ def init_process_group(env: DistEnv, timeout_s: float, store: Optional[dist.Stor
     dist.init_process_group(**kwargs)
 
 
-def pg_store() -> dist.Store:
+def default_group_store() -> dist.Store:
     """The default process group's store: small keys every rank sets or reads a few of, where
     a collective would move the whole world's data (the snapshot agreement, for one)."""
     return dist.distributed_c10d._get_default_store()

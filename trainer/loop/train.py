@@ -29,7 +29,7 @@ from trainer.faults.schedule import schedule
 from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.loop.determinism import make_deterministic
 from trainer.loop.distributed import DistEnv, init_process_group
-from trainer.recovery.stores import pg_store
+from trainer.recovery.stores import external_group_store
 from trainer.loop.hooks import Hooks
 from trainer.loop.leftovers import Attempt, memory_now, start_clean
 from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
@@ -172,7 +172,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     timeout = cfg.collective_timeout(env.device.type)
     # The in-process attempt's store, else the run's store process (no rank hosts one), else
     # torch's env:// rendezvous, whose rank 0 hosts it.
-    init_process_group(env, timeout, hooks.store or pg_store(timeout))
+    init_process_group(env, timeout, hooks.store or external_group_store(timeout))
     events.emit("pg_ready", iteration=hooks.iteration)
     t0 = time.perf_counter()
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)

@@ -53,8 +53,8 @@ from typing import Callable, Optional, Sequence
 from config.contract import (DEFAULT_MASTER_PORT, EVENTS_DIR_ENV, FIGURES_FILE_ENV,
                              FINAL_ERROR_ENV, INPROCESS_PORT_ENV, LAUNCHER_ID_ENV, METRICS_PORT,
                              NODE_RANK_ENV, TERMINATION_GRACE_FLOOR_S, RecoveryMode, process_env,
-                             wrapper_store_port)
-from trainer.config import MODES
+                             rendezvous_argv, wrapper_store_port)
+from trainer.config import MODE_NAMES
 from trainer.durable.lease import RUN_ID_ENV
 from trainer.faults.node_loss import NODE_LEADER_ENV
 from trainer.recovery.lifetime import ProcessId, child_dies_with_me
@@ -124,14 +124,13 @@ def rendezvous_flags(spec: LaunchSpec) -> list[str]:
             f"--rdzv-id={spec.rdzv_id}", f"--rdzv-conf={rdzv_conf(spec)}"]
 
 
-def rendezvous_argv(spec: LaunchSpec) -> list[str]:
+def spec_rendezvous(spec: LaunchSpec) -> list[str]:
     """This spec's rendezvous as the flags of `add_rendezvous_args`: what the store process
     is started with, so that it closes the same rounds the launchers join."""
-    argv = ["--nnodes", str(spec.nnodes), "--spare_nodes", str(spec.spare_nodes),
-            "--rdzv_id", spec.rdzv_id, "--rdzv_join_timeout", f"{spec.rdzv_join_timeout:g}",
-            "--node_timeout", f"{spec.node_timeout:g}",
-            "--rdzv_last_call_timeout", f"{spec.rdzv_last_call_timeout:g}"]
-    return argv + (["--min_nodes", str(spec.min_nodes)] if spec.min_nodes is not None else [])
+    return rendezvous_argv(spec.nnodes, spec.rdzv_join_timeout, min_nodes=spec.min_nodes,
+                           spare_nodes=spec.spare_nodes, rdzv_id=spec.rdzv_id,
+                           node_timeout_s=spec.node_timeout,
+                           last_call_timeout_s=spec.rdzv_last_call_timeout)
 
 
 def add_rendezvous_args(p: argparse.ArgumentParser) -> None:
@@ -234,7 +233,7 @@ def parse(argv: Sequence[str]) -> tuple[LaunchSpec, list[str]]:
         argv, trainer_args = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(prog="python -m trainer.recovery.launch",
                                 description="Start this node's workers under the chosen recovery mode.")
-    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--mode", choices=MODE_NAMES, required=True)
     add_rendezvous_args(p)
     p.add_argument("--nproc_per_node", type=int, required=True)
     p.add_argument("--node_rank", type=int, required=True)

@@ -49,7 +49,7 @@ def client(host: str, port: int, timeout_s: float):
                          timeout=timedelta(seconds=timeout_s))
 
 
-def pg_store(timeout_s: float):
+def external_group_store(timeout_s: float):
     """The default process group's store in the store process, for this round; None without
     one (torch's env:// rendezvous then has rank 0 host it)."""
     where = external()

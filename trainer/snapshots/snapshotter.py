@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.accounting.events import EventLog
-from trainer.loop.distributed import pg_store
+from trainer.loop.distributed import default_group_store
 from trainer.snapshots import agreement
 from trainer.snapshots.own import OwnSlots
 from trainer.snapshots.peer import PeerLink
@@ -86,7 +86,7 @@ class Snapshotter:
         newer than `newer_than` (the durable tier's), get this rank's shard of it. `fresh`: this
         process has just started, so an own slot counts as the node tier, not memory. Per rank,
         a fixed number of store operations and collectives of fixed size (`agreement`)."""
-        store = pg_store()
+        store = default_group_store()
         prefix = _restore_prefix(store, self.rank)
         mine = agreement.served(self.root, self.rank, self.local_world_size, self.world_size)
         agreement.publish(store, prefix, mine)

@@ -115,12 +115,12 @@ def test_the_store_process_closes_the_rounds_the_launchers_join(monkeypatch):
     """From NVRx 0.6 the store's host closes each rendezvous round: the store process runs
     NVRx's closer with exactly the launchers' rendezvous flags; before 0.6 a plain store does."""
     from trainer.recovery import nvrx_compat, store_server
-    from trainer.recovery.launch import LaunchSpec, build_command, rendezvous_argv, rendezvous_flags
+    from trainer.recovery.launch import LaunchSpec, build_command, rendezvous_flags, spec_rendezvous
 
     spec = LaunchSpec("ft_launcher", 4, 8, 0, "127.0.0.1", 29500, rdzv_id="run-7",
                       rdzv_join_timeout=900, spare_nodes=2, external_store=True,
                       node_timeout=9, rdzv_last_call_timeout=5)
-    argv = ["--master_port", "29500", "--host", "127.0.0.1", *rendezvous_argv(spec)]
+    argv = ["--master_port", "29500", "--host", "127.0.0.1", *spec_rendezvous(spec)]
     for release, closes in (((0, 4), False), ((0, 6), True), ((0, 7), True)):
         monkeypatch.setattr(nvrx_compat, "NVRX_VERSION", release)
         closer = store_server.closer_argv(store_server.parse(argv))

@@ -7,12 +7,12 @@ import signal
 
 import pytest
 
+from config import MODE_NAMES
 from devtools.local import free_port_block, tier_flags
 from tests.jobs import (INTERVAL, STEPS, events, launcher_cmd, ok, recovery_flags, results,
                         run_local, runner_flags, start, wait_for)
 from trainer.recovery.termination import SIGTERM_EXIT_CODE
 
-MODES = ["baseline", "ft_launcher", "inprocess", "ft_launcher+inprocess"]
 
 
 def terminated_run(cache_dir, mode: str, run_dir, *args: str) -> tuple[int, int, str]:
@@ -41,7 +41,7 @@ def resumed_step(run_dir) -> int:
     return loads[-1]["step"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODE_NAMES)
 def test_sigterm_commits_the_newest_step_and_the_next_run_resumes_from_it(
         cache_dir, reference, tmp_path, mode):
     ref = reference()
