@@ -68,8 +68,15 @@ def security_skips(efa_root: bool) -> list[tuple[str, str]]:
     ]
 
 
-def pod_security() -> k8s.PodSecurityContext:
-    return k8s.PodSecurityContext(seccomp_profile=k8s.SeccompProfile(type="RuntimeDefault"))
+def pod_spec(**fields) -> k8s.PodSpec:
+    """A pod of the run, hardened alike everywhere: the run's service account with no API token
+    mounted (no pod talks to the API server), no service-link variables, the RuntimeDefault
+    seccomp profile; `fields` add what the pod itself needs."""
+    return k8s.PodSpec(service_account_name=naming.SERVICE_ACCOUNT,
+                       automount_service_account_token=False, enable_service_links=False,
+                       security_context=k8s.PodSecurityContext(
+                           seccomp_profile=k8s.SeccompProfile(type="RuntimeDefault")),
+                       **fields)
 
 
 def fsx_volume(claim: str, read_only: bool = False) -> k8s.Volume:

@@ -40,12 +40,8 @@ def prepull_daemon_set(scope: Construct, dep: Deployment) -> None:
         resources=pod.bounded_resources(cpu="10m", memory="16Mi", cpu_limit="100m"),
         security_context=pod.container_security(pod.APP_UID),
     )
-    spec = k8s.PodSpec(
-        service_account_name=naming.SERVICE_ACCOUNT,
-        automount_service_account_token=False,
-        enable_service_links=False,
+    spec = pod.pod_spec(
         termination_grace_period_seconds=0,  # sleep ignores SIGTERM; nothing to save
-        security_context=pod.pod_security(),
         node_selector=pod.gpu_node_selector(dep.instance),
         tolerations=[pod.gpu_taint_toleration()],  # DaemonSet pods tolerate node loss already
         containers=[container],

@@ -55,12 +55,8 @@ class DataPrepChart(Chart):
                 pod.mount(pod.HF_TOKEN_VOLUME, HF_TOKEN_MOUNT, read_only=True),
             ],
         )
-        pod_spec = k8s.PodSpec(
-            service_account_name=naming.SERVICE_ACCOUNT,
-            automount_service_account_token=False,
-            enable_service_links=False,
+        pod_spec = pod.pod_spec(
             restart_policy="Never",
-            security_context=pod.pod_security(),
             node_selector=pod.gpu_node_selector(dep.instance),
             tolerations=pod.gpu_tolerations(),
             init_containers=[prepare],

@@ -57,14 +57,10 @@ class ResultsChart(Chart):
             security_context=pod.container_security(pod.APP_UID),
             volume_mounts=[pod.mount(pod.FSX_VOLUME, dep.fsx_mount, read_only=True)],
         )
-        spec = k8s.PodSpec(
-            service_account_name=naming.SERVICE_ACCOUNT,
-            automount_service_account_token=False,
-            enable_service_links=False,
+        spec = pod.pod_spec(
             restart_policy="Never",
             active_deadline_seconds=reader.lifetime_s,
             termination_grace_period_seconds=0,
-            security_context=pod.pod_security(),
             node_selector=pod.gpu_node_selector(dep.instance),
             tolerations=pod.gpu_tolerations(),
             containers=[container],

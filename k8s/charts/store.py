@@ -65,12 +65,8 @@ def _container(dep: Deployment) -> k8s.Container:
 
 
 def _pod_spec(dep: Deployment) -> k8s.PodSpec:
-    return k8s.PodSpec(
-        service_account_name=naming.SERVICE_ACCOUNT,
-        automount_service_account_token=False,
-        enable_service_links=False,
+    return pod.pod_spec(
         termination_grace_period_seconds=STOP_GRACE_S,
-        security_context=pod.pod_security(),
         node_selector=pod.system_node_selector(),
         containers=[_container(dep)],
         volumes=[pod.scratch_volume()],

@@ -179,15 +179,11 @@ class TrainingChart(Chart):
 
     def _pod_spec(self) -> k8s.PodSpec:
         dep = self.dep
-        return k8s.PodSpec(
+        return pod.pod_spec(
             subdomain=dep.service_name,
-            service_account_name=naming.SERVICE_ACCOUNT,
-            automount_service_account_token=False,
-            enable_service_links=False,
             restart_policy="Never",
             # SIGTERM to SIGKILL: the ranks commit their newest state in it (trainer.recovery.termination)
             termination_grace_period_seconds=dep.termination_grace_s,
-            security_context=pod.pod_security(),
             node_selector=pod.gpu_node_selector(dep.instance),
             tolerations=pod.gpu_tolerations(),
             affinity=pod.one_pod_per_node(self.selector),
