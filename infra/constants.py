@@ -5,6 +5,8 @@ Each value says why it is what it is; change it here, not in a construct.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from config import contract
 
 # --- Kubernetes contract with the manifests (k8s/) ------------------------------------------
@@ -51,16 +53,26 @@ MAX_PARALLEL_IMAGE_PULLS = 5
 SERVICE_IPV4_CIDR = "172.20.0.0/16"
 
 # --- Pinned Helm charts (checked 2026-08) -----------------------------------------------------
+@dataclass(frozen=True)
+class PinnedChart:
+    """A Helm chart at one version, and the release and namespace it is installed as
+    (`infra.constructs.helm.install`). Bump a version here."""
+
+    repository: str
+    chart: str
+    version: str
+    release: str
+    namespace: str
+
+
 # NVIDIA device plugin: https://github.com/NVIDIA/k8s-device-plugin (tag v0.20.0,
 # deployments/helm/nvidia-device-plugin/Chart.yaml).
-NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
-NVIDIA_DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
-NVIDIA_DEVICE_PLUGIN_VERSION = "0.20.0"
+NVIDIA_DEVICE_PLUGIN = PinnedChart("https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin",
+                                   "0.20.0", release="nvidia-device-plugin", namespace="kube-system")
 # EFA device plugin: https://github.com/aws/eks-charts stable/aws-efa-k8s-device-plugin
 # (Chart.yaml version v0.5.30, image v0.5.20).
-EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
-EFA_DEVICE_PLUGIN_CHART = "aws-efa-k8s-device-plugin"
-EFA_DEVICE_PLUGIN_VERSION = "v0.5.30"
+EFA_DEVICE_PLUGIN = PinnedChart("https://aws.github.io/eks-charts", "aws-efa-k8s-device-plugin",
+                                "v0.5.30", release="aws-efa-k8s-device-plugin", namespace="kube-system")
 
 # --- EKS add-ons --------------------------------------------------------------------------------
 # Versions are left to EKS: CreateAddon without a version installs the default version for the
@@ -84,11 +96,9 @@ LUSTRE_PORT_RANGE = (1018, 1023)
 
 # --- JobSet (workload: jobset) -------------------------------------------------------------------
 # kubernetes-sigs/jobset publishes its chart as an OCI artifact on registry.k8s.io
-# (charts/jobset in the repository). Pinned: bump it here.
-JOBSET_CHART_REPO = "oci://registry.k8s.io/jobset/charts/jobset"
-JOBSET_CHART = "jobset"
-JOBSET_VERSION = "0.10.1"
-JOBSET_NAMESPACE = "jobset-system"
+# (charts/jobset in the repository).
+JOBSET = PinnedChart("oci://registry.k8s.io/jobset/charts/jobset", "jobset", "0.10.1",
+                     release="jobset", namespace="jobset-system")
 
 # --- GPU node health (infra.constructs.node_health) --------------------------------------------------
 # The EKS node monitoring agent add-on: on every node, it sets the conditions the node-health

@@ -8,6 +8,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from infra import constants as c
+from infra.constructs import helm
 
 
 @dataclass(frozen=True)
@@ -60,29 +61,8 @@ class DevicePlugins(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: DevicePluginsProps) -> None:
         super().__init__(scope, construct_id)
-        self.nvidia = eks.HelmChart(
-            self,
-            "Nvidia",
-            cluster=props.cluster,
-            repository=c.NVIDIA_DEVICE_PLUGIN_REPO,
-            chart=c.NVIDIA_DEVICE_PLUGIN_CHART,
-            version=c.NVIDIA_DEVICE_PLUGIN_VERSION,
-            release="nvidia-device-plugin",
-            namespace="kube-system",
-            values=nvidia_values(),
-            wait=False,  # GPU capacity may arrive later (reservations); do not block the stack
-        )
-        self.efa = None
-        if props.efa:
-            self.efa = eks.HelmChart(
-                self,
-                "Efa",
-                cluster=props.cluster,
-                repository=c.EFA_DEVICE_PLUGIN_REPO,
-                chart=c.EFA_DEVICE_PLUGIN_CHART,
-                version=c.EFA_DEVICE_PLUGIN_VERSION,
-                release="aws-efa-k8s-device-plugin",
-                namespace="kube-system",
-                values=efa_values(),
-                wait=False,
-            )
+        # wait=False: GPU capacity may arrive later (reservations); do not block the stack
+        self.nvidia = helm.install(self, "Nvidia", props.cluster, c.NVIDIA_DEVICE_PLUGIN,
+                                   nvidia_values(), wait=False)
+        self.efa = helm.install(self, "Efa", props.cluster, c.EFA_DEVICE_PLUGIN, efa_values(),
+                                wait=False) if props.efa else None

@@ -12,6 +12,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct, IDependable
 
 from infra import constants as c
+from infra.constructs import helm
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,7 @@ class JobSetController(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, props: JobSetProps) -> None:
         super().__init__(scope, construct_id)
-        self.chart = eks.HelmChart(
-            self,
-            "Chart",
-            cluster=props.cluster,
-            repository=c.JOBSET_CHART_REPO,
-            chart=c.JOBSET_CHART,
-            version=c.JOBSET_VERSION,
-            release="jobset",
-            namespace=c.JOBSET_NAMESPACE,
-            create_namespace=True,
-            values=jobset_values(),
-            wait=True,  # its webhook must answer before the first JobSet is submitted
-        )
+        # wait: its webhook must answer before the first JobSet is submitted
+        self.chart = helm.install(self, "Chart", props.cluster, c.JOBSET, jobset_values(),
+                                  wait=True, create_namespace=True)
         self.chart.node.add_dependency(props.after)

@@ -483,10 +483,10 @@ def test_device_plugin_helm_charts_are_pinned_and_tolerate_the_gpu_taint(synth, 
         r["Properties"]["Chart"]: r["Properties"]
         for r in s.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()
     }
-    assert charts[c.NVIDIA_DEVICE_PLUGIN_CHART]["Version"] == c.NVIDIA_DEVICE_PLUGIN_VERSION
-    assert charts[c.NVIDIA_DEVICE_PLUGIN_CHART]["Repository"] == c.NVIDIA_DEVICE_PLUGIN_REPO
-    assert charts[c.EFA_DEVICE_PLUGIN_CHART]["Version"] == c.EFA_DEVICE_PLUGIN_VERSION
-    assert charts[c.EFA_DEVICE_PLUGIN_CHART]["Repository"] == c.EFA_DEVICE_PLUGIN_REPO
+    for pin in (c.NVIDIA_DEVICE_PLUGIN, c.EFA_DEVICE_PLUGIN):
+        assert charts[pin.chart]["Version"] == pin.version
+        assert charts[pin.chart]["Repository"] == pin.repository
+        assert (charts[pin.chart]["Release"], charts[pin.chart]["Namespace"]) == (pin.release, pin.namespace)
     for chart in charts.values():
         values = json.loads(chart["Values"])
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values[
