@@ -163,7 +163,7 @@ MODE_NAMES: tuple[str, ...] = tuple(m.value for m in RecoveryMode)
 # store (one store; each attempt uses its own prefix in it).
 # Seconds between SIGTERM and SIGKILL at the least (the pod's terminationGracePeriodSeconds, the
 # trainer's --termination_grace): the time to finish a step and exit; a large checkpoint adds its
-# write time (scripts.plan.Plan.termination_grace_seconds).
+# write time (config.grace).
 TERMINATION_GRACE_FLOOR_S = 120
 
 DEFAULT_MASTER_PORT = 29500

@@ -13,16 +13,14 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from config import MODE_NAMES, InstanceSpec, Profile, RecoveryMode
-from config.contract import (EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FORMATS,
-                             TERMINATION_GRACE_FLOOR_S)
-from config.presets import PRESETS
+from config.contract import EXPORT_DIR, EXPORT_DTYPE_DEFAULT, EXPORT_DTYPES, EXPORT_FORMATS
+from config.grace import profile_grace_seconds
 from config.training import TrainConfig, batch_problem_down_to, describe
 from config.versions import NVRX_BARRIER_RENDEZVOUS_FROM, nvrx_shrinks_world
 from k8s import naming, outputs
 from k8s.errors import SynthError
 from k8s.image import TrainerImage, trainer_image
 from k8s.outputs import StackOutputs
-from scripts.plan import make_plan
 
 SHM_MOUNT = "/dev/shm"
 NODE_LOCAL_MOUNT = "/mnt/node-local"  # where the NVMe hostPath appears inside the pod
@@ -172,12 +170,9 @@ class Deployment:
 
     @property
     def termination_grace_s(self) -> int:
-        """SIGTERM to SIGKILL for a training pod, and the trainer's --termination_grace: sized
-        from the checkpoint's write time (`scripts.plan`). A model that is not a preset has no
-        known size: the floor then."""
-        if self.profile.trainer.model not in PRESETS:
-            return TERMINATION_GRACE_FLOOR_S
-        return make_plan(self.profile).termination_grace_seconds
+        """SIGTERM to SIGKILL for a training pod, and the trainer's --termination_grace
+        (`config.grace`)."""
+        return profile_grace_seconds(self.profile)
 
     @property
     def train(self) -> TrainConfig:

@@ -19,13 +19,13 @@ tables it names:
 
 from __future__ import annotations
 
-import math
 import textwrap
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from config import Profile, fsx
-from config.contract import TERMINATION_GRACE_FLOOR_S, RecoveryMode, snapshot_bytes
+from config.contract import RecoveryMode, snapshot_bytes
+from config.grace import termination_grace_seconds, write_seconds
 from scripts import fsx_metadata, recovery_estimate
 from scripts.recovery_estimate import Estimate
 
@@ -34,8 +34,6 @@ GIB = 2**30
 LABEL_WIDTH = 44
 COLUMN_WIDTH = 16
 NOTE_WIDTH = 100
-GRACE_WRITE_FACTOR = 1.25  # FSx's throughput varies: the write must still end before SIGKILL
-GRACE_STOP_S = 60  # the rest of a stop: the step in flight, the snapshot copy, commit, exit
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ class Plan:
         return needed_write_mb_s(self.checkpoint_bytes_total, self.interval_seconds)
 
     def write_seconds(self, file_system: fsx.FileSystem) -> float:
-        return self.checkpoint_bytes_total / (file_system.write_mb_s * 1e6)
+        return write_seconds(self.checkpoint_bytes_total, file_system)
 
     @property
     def termination_grace_seconds(self) -> int:
@@ -90,14 +88,6 @@ class Plan:
         if not self.checkpoint_interval_steps:
             return None
         return self.write_seconds(file_system) / self.checkpoint_interval_steps
-
-
-def termination_grace_seconds(write_seconds: float) -> int:
-    """SIGTERM to SIGKILL: one checkpoint write with a margin, and the rest of a stop; at least
-    the floor (config.contract). A write already in flight at SIGTERM is committed in it; a
-    newer one then only if it still fits (trainer.recovery.termination)."""
-    return max(TERMINATION_GRACE_FLOOR_S,
-               math.ceil(write_seconds * GRACE_WRITE_FACTOR + GRACE_STOP_S))
 
 
 def interval_seconds(interval_steps: int, step_seconds: Optional[float]) -> Optional[float]:

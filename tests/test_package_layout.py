@@ -1,4 +1,4 @@
-"""The runtime package stands alone: the image installs `trainer` with the `[trainer]` extra only,
+"""The packages import one way, toward `config`. The runtime package stands alone: the image installs `trainer` with the `[trainer]` extra only,
 so nothing in it may need the developer tools or their libraries, and the manifests' side reads
 the trainer's settings without importing torch."""
 
@@ -106,3 +106,29 @@ def test_no_import_cycles():
         if mod not in state:
             visit(mod, [mod])
     assert cycles == []
+
+
+# Which of the project's packages each one may import: arrows point one way, toward `config`
+# (the one source of settings). The manifests' side never imports the wrapper or the trainer.
+MAY_IMPORT = {
+    "config": set(),
+    "trainer": {"config"},
+    "k8s": {"config"},
+    "infra": {"config"},
+    "scripts": {"config", "k8s"},
+    "devtools": {"config", "trainer"},
+    "bench": {"config", "trainer", "devtools"},
+}
+
+
+def test_packages_import_one_way():
+    assert set(MAY_IMPORT) == set(PACKAGES)
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    known = {module_name(p) for p in files}
+    wrong = []
+    for path in files:
+        module = module_name(path)
+        own = module.split(".")[0]
+        wrong += [f"{module} -> {dep}" for dep in sorted(project_imports(path, known))
+                  if dep.split(".")[0] not in MAY_IMPORT[own] | {own}]
+    assert wrong == []

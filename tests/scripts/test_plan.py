@@ -11,6 +11,7 @@ import pytest
 
 from config import fsx, load_profile
 from config.contract import TERMINATION_GRACE_FLOOR_S, RecoveryMode
+from config.grace import termination_grace_seconds
 from scripts import fsx_metadata, recovery_estimate
 from scripts import plan as planning
 from scripts import spares as sparing
@@ -42,8 +43,8 @@ def test_plan_arithmetic_by_hand() -> None:
 
 
 def test_a_small_checkpoints_grace_period_is_the_floor() -> None:
-    assert planning.termination_grace_seconds(5.0) == TERMINATION_GRACE_FLOOR_S
-    assert planning.termination_grace_seconds(1000.0) == 1310
+    assert termination_grace_seconds(5.0) == TERMINATION_GRACE_FLOOR_S
+    assert termination_grace_seconds(1000.0) == 1310
 
 
 def test_plan_scales_with_nodes() -> None:
