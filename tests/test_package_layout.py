@@ -1,6 +1,6 @@
-"""The packages import one way, toward `config`. The runtime package stands alone: the image installs `trainer` with the `[trainer]` extra only,
-so nothing in it may need the developer tools or their libraries, and the manifests' side reads
-the trainer's settings without importing torch."""
+"""The packages import one way, toward `config`. The runtime package stands alone: the image
+installs `trainer` with the `[trainer]` extra only, so nothing in it may need the developer tools
+or their libraries, and the manifests' side reads the trainer's settings without importing torch."""
 
 from __future__ import annotations
 
