@@ -23,7 +23,8 @@ Differences absorbed:
   workers with SIGTERM to their process groups, a fixed 1 s sleep and SIGKILL, even when the
   groups are already empty; `stop_worker_groups` does the same but returns once they are.
   0.7's barrier rendezvous finds the round its own launcher has just opened only after a 1 s
-  sleep (`use_prompt_rendezvous`).
+  sleep (`use_prompt_rendezvous`). 0.7 waits for the stopped workers' GPU memory to be freed,
+  sampling it every 2 s; the interval is passed (`GPU_MEMORY_POLL_S`).
 - inprocess.Wrapper: `rank_filter` exists only before 0.5; from 0.5 the wrapper adds NVML GPU,
   NVLink and NIC checks to every restart whenever LOCAL_RANK is set, which fail on CPU ranks
   (`restart_health_check`). Its monitor process ends a rank that made no progress for the hard
@@ -74,6 +75,10 @@ from trainer.recovery.lifetime import follow_parent
 NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
 
 log = logging.getLogger(__name__)
+# ft_launcher's wait for a stopped worker's GPU memory (0.7): NVRx samples every 2 s, so a first
+# sample taken while the driver is still freeing the memory cost a whole 2 s of the restart. One
+# NVML query per GPU takes about a millisecond.
+GPU_MEMORY_POLL_S = 0.1
 
 
 def _async_checkpoint_class():
@@ -172,7 +177,17 @@ def ft_launcher_flags(max_restarts: int, heartbeat_timeout: float, initial_heart
     ]
     if NVRX_VERSION < (0, 6):
         flags.append("--ft-restart-policy=any-failed")
+    if _reclaims_gpu_memory():
+        flags.append(f"--ft-gpu-memory-poll-interval={GPU_MEMORY_POLL_S:g}")
     return flags
+
+
+def _reclaims_gpu_memory() -> bool:
+    """Whether the installed ft_launcher waits for the stopped workers' GPU memory to be freed
+    before it starts new ones (0.7): it samples NVML every `gpu_memory_poll_interval`."""
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+
+    return hasattr(FaultToleranceConfig, "gpu_memory_poll_interval")
 
 
 def nnodes_flag(min_nodes: int, nnodes: int, spare_nodes: int) -> str:

@@ -145,3 +145,22 @@ def test_the_store_process_refuses_a_bad_rendezvous_flag(flag, value):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert f"{flag} {value}" in lines[-1] and "error" in lines[-1]
+
+
+@pytest.mark.parametrize("mode", ("ft_launcher", "ft_launcher+inprocess"))
+def test_the_installed_ft_launcher_parses_every_flag_the_launcher_gives_it(mode):
+    """Read by NVRx's own parser: a flag it renames or drops fails here, not at a pod's start.
+    Where it waits for a stopped worker's GPU memory (0.7), it samples at GPU_MEMORY_POLL_S."""
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+    from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+
+    from trainer.recovery.launch import LaunchSpec, build_command
+    from trainer.recovery.nvrx_compat import GPU_MEMORY_POLL_S
+
+    spec = LaunchSpec(mode, 2, 8, 0, "127.0.0.1", 29500, rdzv_id="run-7")
+    argv = build_command(spec, ["--max_steps", "4"])
+    assert argv[1:3] == ["-m", "trainer.recovery.forkserver"]
+    args = get_args_parser().parse_args(argv[3:])  # exits 2 on a flag it does not know
+    assert args.training_script_args[-2:] == ["--max_steps", "4"]
+    if hasattr(FaultToleranceConfig, "gpu_memory_poll_interval"):
+        assert float(args.ft_gpu_memory_poll_interval) == GPU_MEMORY_POLL_S
