@@ -104,8 +104,8 @@ manifests: $(VENV)/.installed
 # Needs Docker and AWS credentials; pushes an immutable tag (the git commit unless TAG is given),
 # built with the profile's nvrx_version.
 image: $(VENV)/.installed
-	@image=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) $(if $(TAG),--image-tag $(TAG))) && \
-	nvrx=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) --nvrx-version) && \
+	@image=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) $(if $(TAG),--image_tag $(TAG))) && \
+	nvrx=$$(scripts/nvrx-eks image --profile $(PROFILE) --outputs $(OUTPUTS) --nvrx_version) && \
 	registry=$${image%%/*} && region=$$(echo $$registry | cut -d. -f4) && \
 	aws ecr get-login-password --region $$region | docker login --username AWS --password-stdin $$registry && \
 	docker build --build-arg NVRX_VERSION=$$nvrx -t $$image . && docker push $$image

@@ -233,7 +233,7 @@ def manager(ckpt: Path, world: int, rank: int):
 def save_shard(ckpt: Path, world: int, rank: int, step: int) -> None:
     """Rank `rank`'s real shard of `step`, as a rank of a world of `world` writes it, in a
     process of its own: a process plays one rank only (FSDP2's device mesh keeps the first)."""
-    proc = subprocess.run([sys.executable, "-m", "bench.scale", "--save-shard", str(ckpt),
+    proc = subprocess.run([sys.executable, "-m", "bench.scale", "--save_shard", str(ckpt),
                            str(world), str(rank), str(step)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
@@ -523,7 +523,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--ops", default=",".join(OPERATIONS))
     p.add_argument("--out", type=Path)
     p.add_argument("--one", nargs=3, metavar=("OP", "N", "RANK"), help=argparse.SUPPRESS)
-    p.add_argument("--save-shard", nargs=4, metavar=("DIR", "N", "RANK", "STEP"),
+    p.add_argument("--save_shard", nargs=4, metavar=("DIR", "N", "RANK", "STEP"),
                    help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.save_shard:

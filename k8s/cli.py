@@ -28,7 +28,7 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
         "--outputs",
         help="CDK outputs file (default: ./cdk-outputs.json when it exists)",
     )
-    parser.add_argument("--run-id", help="run directory and object names (default: <mode>-<UTC time>)")
+    parser.add_argument("--run_id", help="run directory and object names (default: <mode>-<UTC time>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one profile value for this run, validated as the file is "
                         "(repeatable): --set trainer.compile=true --set data.tokenizer=byte")
@@ -36,13 +36,13 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_image_tag_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image-tag", help="trainer image tag in the stack's ECR repository "
+    parser.add_argument("--image_tag", help="trainer image tag in the stack's ECR repository "
                         "(default: the profile's image_tag, else the git commit, which `make image` "
                         "pushes; never latest)")
 
 
 def profile_from_args(args: argparse.Namespace) -> Profile:
-    """The named profile, with the --set and --image-tag overrides applied."""
+    """The named profile, with the --set and --image_tag overrides applied."""
     profile = load_profile(args.profile, getattr(args, "overrides", ()))
     if getattr(args, "image_tag", None):
         profile = profile.model_copy(update={"image_tag": args.image_tag})

@@ -99,7 +99,7 @@ def commit_tag(repo: Path = REPO) -> str:
             return proc.stdout.strip()
         why = (proc.stderr.strip().splitlines() or ["git failed"])[-1]
     raise SynthError(
-        f"no git commit to name the trainer image by ({why}): pass --image-tag with the tag you "
+        f"no git commit to name the trainer image by ({why}): pass --image_tag with the tag you "
         "pushed, or set image_tag or image in the profile"
     )
 

@@ -1,4 +1,4 @@
-"""A small kubectl runner: prints instead of running under --dry-run, and fails early and clearly.
+"""A small kubectl runner: prints instead of running under --dry_run, and fails early and clearly.
 
 Every command goes through `argv()`, so dry-run output is exactly what a real run executes.
 """
@@ -49,7 +49,7 @@ class Kubectl:
         print(line, file=self.out or sys.stdout, flush=True)
 
     def run(self, *args: str, check: bool = True) -> int:
-        """Run with output streamed to the terminal (or print the command under --dry-run)."""
+        """Run with output streamed to the terminal (or print the command under --dry_run)."""
         argv = self.argv(*args)
         if self.dry_run:
             self.show(shlex.join(argv))
@@ -60,9 +60,9 @@ class Kubectl:
         return proc.returncode
 
     def query(self, *args: str) -> str:
-        """Run and return stdout; never called under --dry-run (callers print a composite)."""
+        """Run and return stdout; never called under --dry_run (callers print a composite)."""
         if self.dry_run:
-            raise WrapperError("internal: a cluster query cannot run under --dry-run")
+            raise WrapperError("internal: a cluster query cannot run under --dry_run")
         argv = self.argv(*args)
         proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -1,19 +1,19 @@
 """nvrx-eks: a thin, typed wrapper over kubectl for the training runs of one profile.
 
-Reads the same profile and CDK outputs file as `python -m k8s synth`. `--dry-run` prints the
+Reads the same profile and CDK outputs file as `python -m k8s synth`. `--dry_run` prints the
 exact kubectl commands (and, for `synth`, the manifests) without touching a cluster.
 
     nvrx-eks prepare-data --profile p5          # tokenize C4 onto FSx once
     nvrx-eks submit --profile p5 --mode baseline
     nvrx-eks status --profile p5
     nvrx-eks logs --profile p5 --rank 0 --follow
-    nvrx-eks watch --profile p5 --run-id <id>    # step, ETA, failures, goodput, live
-    nvrx-eks results --profile p5 --run-id <id>
-    nvrx-eks export --profile p5 --run-id <id> --format hf   # to Hugging Face, on FSx
-    nvrx-eks stop --profile p5 --run-id <id>
+    nvrx-eks watch --profile p5 --run_id <id>    # step, ETA, failures, goodput, live
+    nvrx-eks results --profile p5 --run_id <id>
+    nvrx-eks export --profile p5 --run_id <id> --format hf   # to Hugging Face, on FSx
+    nvrx-eks stop --profile p5 --run_id <id>
     nvrx-eks lost-node --profile p5 --node <node> # force-delete the pods of a dead node
-    nvrx-eks plan --profile p5 --nodes 2,16,128,1024 --step-seconds 1   # capacity at scale
-    nvrx-eks plan --profile p5 --nodes 16,256 --spares 1 --failure-rate 0.37  # what spares save
+    nvrx-eks plan --profile p5 --nodes 2,16,128,1024 --step_seconds 1   # capacity at scale
+    nvrx-eks plan --profile p5 --nodes 16,256 --spares 1 --failure_rate 0.37  # what spares save
     nvrx-eks cleanup --profile p5               # before `cdk destroy`
 """
 
@@ -101,18 +101,18 @@ class Session:
         )
 
     def synthesize(self, dep: Deployment, parts: Sequence[str]) -> dict[str, Path]:
-        """Write the parts' manifests (under --dry-run: nothing); returns {part: file}."""
+        """Write the parts' manifests (under --dry_run: nothing); returns {part: file}."""
         manifests = synth.build(dep, parts)
         if not self.kubectl.dry_run:
             synth.write(manifests, self.outdir)
         return {part: self.outdir / synth.file_name(part, dep.run_id) for part in parts}
 
     def run_id_or_latest(self) -> str:
-        """The given --run-id, else the newest training Job in the namespace (needs the cluster)."""
+        """The given --run_id, else the newest training Job in the namespace (needs the cluster)."""
         if self.args.run_id:
             return checked_run_id(self.args.run_id)
         if self.kubectl.dry_run:
-            raise WrapperError("--dry-run cannot look up the latest run: pass --run-id")
+            raise WrapperError("--dry_run cannot look up the latest run: pass --run_id")
         data = json.loads(self.kubectl.query("get", "jobs", "--selector", TRAIN_SELECTOR, "--output", "json"))
         jobs = sorted(data.get("items", []), key=lambda j: j["metadata"]["creationTimestamp"])
         if not jobs:
@@ -163,7 +163,7 @@ def cmd_synth(s: Session) -> int:
 
 def cmd_image(s: Session) -> int:
     """The image reference the manifests use, for `make image` (docker build/push); with
-    --nvrx-version, the NVRx release the profile says that image holds (its build argument)."""
+    --nvrx_version, the NVRx release the profile says that image holds (its build argument)."""
     if s.args.nvrx_version:
         s.kubectl.show(s.profile.nvrx_version)
         return 0
@@ -443,7 +443,7 @@ def cmd_plan(s: Session) -> int:
     nodes = node_counts(s.args.nodes)
     step = s.args.step_seconds
     if step is not None and step <= 0:
-        raise WrapperError(f"--step-seconds {step:g} must be positive")
+        raise WrapperError(f"--step_seconds {step:g} must be positive")
     try:
         the_plan = planning.make_plan(s.profile, nodes, step)
     except ValueError as exc:
@@ -458,14 +458,14 @@ def cmd_plan(s: Session) -> int:
 
 
 def spares_plan(s: Session, nodes: list[int]) -> sparing.SparesPlan:
-    """What the spares cost and save, from --spares, --failure-rate and --node-price."""
+    """What the spares cost and save, from --spares, --failure_rate and --node_price."""
     args = s.args
     if args.spares is not None and args.spares < 0:
         raise WrapperError(f"--spares {args.spares} must be 0 or more")
     if args.failure_rate <= 0:
-        raise WrapperError(f"--failure-rate {args.failure_rate:g} must be positive (per 1,000 GPU-days)")
+        raise WrapperError(f"--failure_rate {args.failure_rate:g} must be positive (per 1,000 GPU-days)")
     if args.node_price is not None and args.node_price <= 0:
-        raise WrapperError(f"--node-price {args.node_price:g} must be positive (USD per node-hour)")
+        raise WrapperError(f"--node_price {args.node_price:g} must be positive (USD per node-hour)")
     try:
         return sparing.make_spares_plan(s.profile, nodes, args.spares, args.failure_rate, args.node_price)
     except ValueError as exc:
@@ -503,19 +503,19 @@ def _common(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--profile", required=True, help="profile name in config/profiles, or a YAML path")
         parser.add_argument("--outputs", help="CDK outputs file (default: ./cdk-outputs.json when it exists)")
         if name not in ("cleanup", "image", "lost-node", "plan"):
-            parser.add_argument("--run-id", help="the run (default: the newest one)")
+            parser.add_argument("--run_id", help="the run (default: the newest one)")
         if name in ("image", "export"):
             add_image_tag_arg(parser)
     parser.add_argument("--outdir", type=Path, help="manifest directory (default: dist/<profile>)")
     parser.add_argument("--context", help="kube context (default: the current one)")
-    parser.add_argument("--dry-run", action="store_true", help="print the kubectl commands instead of running them")
+    parser.add_argument("--dry_run", action="store_true", help="print the kubectl commands instead of running them")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {
-        "synth": "write the manifests (--dry-run: print them)",
+        "synth": "write the manifests (--dry_run: print them)",
         "image": "print the trainer image reference (profile image, or ECR repository:tag or :commit)",
         "submit": "synthesize and apply one training run",
         "prepare-data": "run the data-prep Job that writes C4 tokens to FSx",
@@ -551,21 +551,21 @@ def build_parser() -> argparse.ArgumentParser:
                              help=f"of the weights (default {EXPORT_DTYPE_DEFAULT}: as trained)")
             cmd.add_argument("--optimizer", action="store_true", help="dcp: Adam's state too")
         if name == "image":
-            cmd.add_argument("--nvrx-version", action="store_true",
+            cmd.add_argument("--nvrx_version", action="store_true",
                              help="print the profile's nvrx_version instead: the image's NVRx")
         if name == "lost-node":
             cmd.add_argument("--node", required=True, help="the node's name (kubectl get nodes)")
         if name == "plan":
             cmd.add_argument("--nodes", help="node counts, e.g. 16 or 2,16,128,1024 (default: the profile's)")
-            cmd.add_argument("--step-seconds", type=float,
+            cmd.add_argument("--step_seconds", type=float,
                              help="expected step time: the write bandwidth FSx must sustain")
             cmd.add_argument("--spares", type=int,
                              help="hot spares to price (default: the profile's spare_nodes, else 1)")
-            cmd.add_argument("--failure-rate", type=float, default=sparing.DEFAULT_FAILURE_RATE,
+            cmd.add_argument("--failure_rate", type=float, default=sparing.DEFAULT_FAILURE_RATE,
                              help="node failures per 1,000 GPU-days (default "
                                   f"{sparing.DEFAULT_FAILURE_RATE:.3f}: Llama 3's 419 interruptions in "
                                   "54 days on 16,384 GPUs, 78 %% hardware)")
-            cmd.add_argument("--node-price", type=float,
+            cmd.add_argument("--node_price", type=float,
                              help="USD per node-hour (default: the instance's On-Demand price on record)")
     return parser
 

@@ -233,7 +233,7 @@ def _header(plan: Plan, profile_name: str) -> list[str]:
     elif plan.checkpoint_interval_steps:
         lines.append(f"a checkpoint every {plan.checkpoint_interval_steps} steps: the profile's "
                      "file system keeps up while a step takes at least "
-                     f"{plan.min_step_seconds(plan.current):.2f} s (--step-seconds checks a step time)")
+                     f"{plan.min_step_seconds(plan.current):.2f} s (--step_seconds checks a step time)")
     lines.append(f"FSx of profile {profile_name}: {_describe(plan.current)}")
     lines.append(f"on SIGTERM a pod has {plan.termination_grace_seconds} s to commit its newest "
                  "state (terminationGracePeriodSeconds: one write on this file system, and margin)")

@@ -44,7 +44,7 @@ IMAGE_PULL_S = 450
 REPLACEMENT_S = NODE_SILENT_S + contract.NODE_LOSS_TOLERATION_S + BOOT_AND_JOIN_S + IMAGE_PULL_S
 
 # On-Demand list prices per hour, us-east-1, USD, after AWS's June 2025 P4 and P5 reductions;
-# yours differ (region, Savings Plans, reservations, Capacity Blocks): pass --node-price.
+# yours differ (region, Savings Plans, reservations, Capacity Blocks): pass --node_price.
 ON_DEMAND_USD_PER_HOUR = {
     "p5.48xlarge": 55.04,
     "p4de.24xlarge": 27.45,
@@ -115,7 +115,7 @@ def node_price(profile: Profile, price: Optional[float]) -> float:
         return ON_DEMAND_USD_PER_HOUR[profile.instance_type]
     except KeyError:
         raise ValueError(f"no price of {profile.instance_type} on record "
-                         f"({', '.join(ON_DEMAND_USD_PER_HOUR)}): pass --node-price") from None
+                         f"({', '.join(ON_DEMAND_USD_PER_HOUR)}): pass --node_price") from None
 
 
 def make_spares_plan(profile: Profile, nodes: Sequence[int] = (), spares: Optional[int] = None,
@@ -146,7 +146,7 @@ def report(plan: SparesPlan, label_width: int, column_width: int) -> list[str]:
         f"{plan.replacement_s / 60:.0f} min without a spare, {plan.with_spare_s:.0f} s with one",
         f"node failures: {plan.failure_rate:.3g} per 1,000 GPU-days (default: Llama 3's "
         f"{LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days on {LLAMA3_GPUS:,} GPUs, "
-        f"{LLAMA3_HARDWARE_SHARE:.0%} hardware; --failure-rate)",
+        f"{LLAMA3_HARDWARE_SHARE:.0%} hardware; --failure_rate)",
         ("spares pay for themselves from " + f"{plan.break_even_nodes:,} nodes" if plan.break_even_nodes
          else "spares never pay for themselves at this failure rate"),
         "",

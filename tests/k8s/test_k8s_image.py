@@ -41,7 +41,7 @@ def test_no_commit_is_one_line_naming_the_ways_out(tmp_path: Path) -> None:
     with pytest.raises(SynthError) as err:
         image.commit_tag(tmp_path)
     message = str(err.value)
-    assert "\n" not in message and "no git commit" in message and "--image-tag" in message
+    assert "\n" not in message and "no git commit" in message and "--image_tag" in message
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_a_reference_that_can_move_is_refused(outputs_file, fields, message) -> 
 
 
 def test_cli_refuses_latest_with_one_line_and_exit_2(outputs_file, tmp_path: Path, capsys) -> None:
-    args = ["synth", "--profile", "p5", "--outputs", str(outputs_file("p5")), "--image-tag", "latest",
+    args = ["synth", "--profile", "p5", "--outputs", str(outputs_file("p5")), "--image_tag", "latest",
             "--outdir", str(tmp_path / "out")]
     assert synth_main(args) == 2
     err = capsys.readouterr().err

@@ -136,7 +136,7 @@ def test_run_directories_never_overlap(outputs_file) -> None:
 
 def test_cli_writes_files(outputs_file, tmp_path: Path, capsys) -> None:
     code = synth_main(["synth", "--profile", "p4de", "--mode", "baseline", "--outputs", str(outputs_file("p4de")),
-                       "--run-id", "cli-run", "--outdir", str(tmp_path / "dist")])  # fmt: skip
+                       "--run_id", "cli-run", "--outdir", str(tmp_path / "dist")])  # fmt: skip
     assert code == 0
     names = sorted(p.name for p in (tmp_path / "dist").iterdir())
     assert names == ["00-namespace.yaml", "10-common.yaml", "20-data-prep.yaml", "30-train-cli-run.yaml",
@@ -169,7 +169,7 @@ def test_outputs_file_in_working_directory_is_the_default(outputs_file, tmp_path
     work.mkdir()
     (work / "cdk-outputs.json").write_text(outputs_file("p5").read_text())
     monkeypatch.chdir(work)
-    assert synth_main(["synth", "--profile", "p5", "--run-id", "auto", "--outdir", "dist"]) == 0
+    assert synth_main(["synth", "--profile", "p5", "--run_id", "auto", "--outdir", "dist"]) == 0
     assert (work / "dist" / "30-train-auto.yaml").is_file()
 
 

@@ -278,7 +278,7 @@ def test_the_image_command_names_the_profiles_nvrx(tmp_path: Path, outputs_file,
 
     path = tmp_path / "old.yaml"
     path.write_text((REPO / "config/profiles/p5.yaml").read_text() + "nvrx_version: 0.4.1\n")
-    assert main(["image", "--profile", str(path), "--outputs", str(outputs_file()), "--nvrx-version"]) == 0
+    assert main(["image", "--profile", str(path), "--outputs", str(outputs_file()), "--nvrx_version"]) == 0
     assert capsys.readouterr().out.strip() == "0.4.1"
 
 
@@ -309,6 +309,6 @@ def test_the_spare_is_a_node_rank_of_the_wrapper(tmp_path: Path, outputs_file) -
 
     path = tmp_path / "spare.yaml"
     path.write_text((REPO / "config/profiles/p5.yaml").read_text() + "spare_nodes: 1\n")
-    common = ["--profile", str(path), "--outputs", str(outputs_file()), "--dry-run", "--run-id", "r1"]
+    common = ["--profile", str(path), "--outputs", str(outputs_file()), "--dry_run", "--run_id", "r1"]
     assert main(["logs", *common, "--rank", "2"]) == 0
     assert main(["logs", *common, "--rank", "3"]) == 2

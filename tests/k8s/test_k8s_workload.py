@@ -200,7 +200,7 @@ def test_manifests_synthesize_without_torch(tmp_path: Path, outputs_file) -> Non
                          "--outdir", {str(tmp_path / "dist")!r}]) == 0
         from scripts.nvrx_eks import main as wrapper
         assert wrapper(["plan", "--profile", "p5"]) == 0
-        assert wrapper(["submit", "--profile", "p5", "--outputs", {str(outputs_file())!r}, "--dry-run"]) == 0
+        assert wrapper(["submit", "--profile", "p5", "--outputs", {str(outputs_file())!r}, "--dry_run"]) == 0
         assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None and m.split(".")[0] == "torch"]
         """
     )

@@ -145,7 +145,7 @@ def test_a_durable_read_is_bound_by_one_client_when_the_file_system_is_fast() ->
 
 
 def test_plan_prints_one_table_and_says_what_keeps_up(outputs: Path, capsys) -> None:
-    assert main(["plan", "--profile", "p5", "--nodes", "2,16,128,1024", "--step-seconds", "1"]) == 0
+    assert main(["plan", "--profile", "p5", "--nodes", "2,16,128,1024", "--step_seconds", "1"]) == 0
     out = capsys.readouterr().out
     table = out.split("\n\n")[1].splitlines()
     assert table[0].split() == ["2", "nodes", "16", "nodes", "128", "nodes", "1,024", "nodes"]
@@ -158,7 +158,7 @@ def test_plan_prints_one_table_and_says_what_keeps_up(outputs: Path, capsys) -> 
     assert ("warning: PERSISTENT_2 at 250 MB/s/TiB, 1,200 GiB does: set storage: deployment_type: "
             "PERSISTENT_2, throughput_mb_s_per_tib: 250, fsx_capacity_gib: 1200, or raise "
             "trainer.checkpoint_interval") in out
-    assert main(["plan", "--profile", "p5", "--step-seconds", "2"]) == 0  # 822 s of 1000 s
+    assert main(["plan", "--profile", "p5", "--step_seconds", "2"]) == 0  # 822 s of 1000 s
     assert "warning" not in capsys.readouterr().out
 
 
@@ -169,7 +169,7 @@ def test_plan_warns_when_the_metadata_servers_fall_behind(outputs: Path, capsys)
     assert plan.recommended == fsx.FileSystem("PERSISTENT_2", 21600, 1000)
     busy = fsx_metadata.checkpoint(8192, 2).all_ranks.iops_seconds() / 12000
     assert 5 < busy < 10
-    assert main(["plan", "--profile", "p5", "--nodes", "1024", "--step-seconds", "0.01"]) == 0
+    assert main(["plan", "--profile", "p5", "--nodes", "1024", "--step_seconds", "0.01"]) == 0
     assert (f"warning: at 1,024 nodes the metadata servers cannot keep up: a checkpoint keeps "
             f"12,000 Metadata IOPS busy {busy:.1f} s") in capsys.readouterr().out
 
@@ -238,7 +238,7 @@ def test_more_spares_leave_fewer_failures_without_one() -> None:
 
 
 def test_the_plan_command_prints_the_spares(capsys) -> None:
-    assert main(["plan", "--profile", "p5", "--nodes", "16,1024", "--spares", "2", "--node-price", "40"]) == 0
+    assert main(["plan", "--profile", "p5", "--nodes", "16,1024", "--spares", "2", "--node_price", "40"]) == 0
     out = capsys.readouterr().out
     assert "2 hot spares at $40.00 a node-hour: $80.00 per hour" in out
     assert "Llama 3's 419 interruptions in 54 days on 16,384 GPUs, 78% hardware" in out
@@ -248,8 +248,8 @@ def test_the_plan_command_prints_the_spares(capsys) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["--spares", "-1"], "--spares -1 must be 0 or more"),
-    (["--failure-rate", "0"], "--failure-rate 0 must be positive"),
-    (["--node-price", "-3"], "--node-price -3 must be positive"),
+    (["--failure_rate", "0"], "--failure_rate 0 must be positive"),
+    (["--node_price", "-3"], "--node_price -3 must be positive"),
 ])  # fmt: skip
 def test_the_plan_command_refuses_bad_spares_input(argv, message, capsys) -> None:
     assert main(["plan", "--profile", "p5", *argv]) == 2
@@ -263,4 +263,4 @@ def test_an_instance_without_a_price_needs_one(tmp_path: Path, capsys) -> None:
     profile.write_text(text.replace("g5.8xlarge", "g6.8xlarge"))
     assert main(["plan", "--profile", str(profile)]) == 2
     assert "no price of g6.8xlarge on record" in capsys.readouterr().err
-    assert main(["plan", "--profile", str(profile), "--node-price", "2"]) == 0
+    assert main(["plan", "--profile", str(profile), "--node_price", "2"]) == 0

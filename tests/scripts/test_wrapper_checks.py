@@ -19,7 +19,7 @@ BAD_RUN_IDS = ("../x", "x --all", "x,nvrx-eks/run-id=y", "X", "-x", "a b")
 @pytest.mark.parametrize("run_id", BAD_RUN_IDS)
 def test_run_ids_are_checked_before_kubectl(command, run_id, fake_kubectl, outputs: Path, capsys) -> None:
     extra = ["--format", "hf"] if command == "export" else []
-    code = main([command, "--profile", "p5", "--outputs", str(outputs), f"--run-id={run_id}", *extra])
+    code = main([command, "--profile", "p5", "--outputs", str(outputs), f"--run_id={run_id}", *extra])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("nvrx-eks: error: run id ") and err.count("\n") == 1
@@ -30,9 +30,9 @@ def test_dry_run_writes_no_file(outputs: Path, tmp_path: Path, monkeypatch, caps
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    for argv in (["submit", "--run-id", "r1"], ["prepare-data"], ["results", "--run-id", "r1"],
-                 ["export", "--run-id", "r1", "--format", "dcp"]):
-        assert main([*argv, "--profile", "p5", "--outputs", str(outputs), "--dry-run"]) == 0
+    for argv in (["submit", "--run_id", "r1"], ["prepare-data"], ["results", "--run_id", "r1"],
+                 ["export", "--run_id", "r1", "--format", "dcp"]):
+        assert main([*argv, "--profile", "p5", "--outputs", str(outputs), "--dry_run"]) == 0
     assert list(work.iterdir()) == []
 
 
@@ -71,7 +71,7 @@ def test_bad_wait_timeout_is_refused(fake_kubectl, outputs: Path, tmp_path, monk
 
 
 def test_stop_removes_the_runs_objects(fake_kubectl, outputs: Path) -> None:
-    assert main(["stop", "--profile", "p5", "--outputs", str(outputs), "--run-id", "r1"]) == 0
+    assert main(["stop", "--profile", "p5", "--outputs", str(outputs), "--run_id", "r1"]) == 0
     calls = [c for c in fake_kubectl.calls() if c[:2] != ["config", "view"]]
     assert calls == [
         ["--namespace", "nvrx", "delete", "job", "train-r1", "--cascade=foreground", "--wait=true",

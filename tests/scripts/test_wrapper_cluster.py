@@ -62,13 +62,13 @@ def test_explicit_context_is_checked_and_used(run, fake_kubectl, make_kubeconfig
     config["current-context"] = "laptop"
     config["contexts"].append({"name": "laptop", "context": {"cluster": "kind"}})
     monkeypatch.setenv("FAKE_KUBECONFIG", json.dumps(config))
-    code, _, _ = run("stop", "--run-id", "r1", "--context", "eks")
+    code, _, _ = run("stop", "--run_id", "r1", "--context", "eks")
     assert code == 0
     assert fake_kubectl.calls()[-1][:4] == ["--context", "eks", "--namespace", "nvrx"]
 
 
 def test_submit_applies_common_and_run(run, fake_kubectl, tmp_path: Path) -> None:
-    code, out, _ = run("submit", "--mode", "ft_launcher", "--run-id", "r1")
+    code, out, _ = run("submit", "--mode", "ft_launcher", "--run_id", "r1")
     assert code == 0 and "# run r1: ft_launcher" in out
     assert verbs(fake_kubectl.calls()) == [
         ["apply", "--filename", "dist/p5/10-common.yaml", "--filename", "dist/p5/30-train-r1.yaml"]
@@ -104,7 +104,7 @@ def test_logs_without_any_run(run, fake_kubectl) -> None:
 
 
 def test_results_copies_and_always_deletes_the_pod(run, fake_kubectl, tmp_path: Path) -> None:
-    code, out, _ = run("results", "--run-id", "r1")
+    code, out, _ = run("results", "--run_id", "r1")
     assert code == 0
     calls = verbs(fake_kubectl.calls())
     assert calls[0] == ["apply", "--filename", "dist/p5/40-results-r1.yaml"]
@@ -120,7 +120,7 @@ def test_results_copies_and_always_deletes_the_pod(run, fake_kubectl, tmp_path: 
 def test_results_of_a_run_still_training_copies_what_exists(run, fake_kubectl, monkeypatch) -> None:
     """No results.json before training ends: the event log and the rest are copied all the same."""
     monkeypatch.setenv("FAKE_CP_MISSING", "/results.json")
-    code, out, _ = run("results", "--run-id", "r1")
+    code, out, _ = run("results", "--run_id", "r1")
     assert code == 0
     assert "# results.json not copied (not written to /fsx/runs/r1 yet?); skipped" in out
     assert [c[-1] for c in verbs(fake_kubectl.calls()) if c[0] == "cp"][1] == "runs/r1/events"
@@ -130,7 +130,7 @@ def test_results_of_a_run_still_training_copies_what_exists(run, fake_kubectl, m
 
 
 def test_watch_runs_the_view_in_its_own_pod_and_always_deletes_it(run, fake_kubectl) -> None:
-    code, out, _ = run("watch", "--run-id", "r1", "--interval", "5")
+    code, out, _ = run("watch", "--run_id", "r1", "--interval", "5")
     assert code == 0
     calls = verbs(fake_kubectl.calls())
     assert calls[0] == ["apply", "--filename", "dist/p5/45-watch-r1.yaml"]
@@ -151,7 +151,7 @@ def test_cleanup_order(run, fake_kubectl) -> None:
 def test_kubectl_failure_exit_code_is_passed_on(run, fake_kubectl) -> None:
     script = fake_kubectl.bin_dir / "kubectl.py"
     script.write_text(script.read_text() + "if 'train-r1' in args:\n    sys.exit(3)\n")
-    code, _, err = run("stop", "--run-id", "r1")
+    code, _, err = run("stop", "--run_id", "r1")
     assert code == 3
     assert err.startswith("nvrx-eks: error: `kubectl --namespace nvrx delete job train-r1 ")
     assert err.strip().endswith("failed with exit code 3")

@@ -1,4 +1,4 @@
-"""`--dry-run` prints exactly the kubectl commands each command would run, and needs no cluster."""
+"""`--dry_run` prints exactly the kubectl commands each command would run, and needs no cluster."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ PART_OF = "app.kubernetes.io/part-of=nvrx-eks"
 
 @pytest.fixture
 def run(outputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
-    """Run the wrapper in-process with --dry-run; returns (exit code, stdout lines, stderr)."""
+    """Run the wrapper in-process with --dry_run; returns (exit code, stdout lines, stderr)."""
     monkeypatch.chdir(tmp_path)
     # Dry runs must not need kubectl; git names the default image by the commit.
     only_git = tmp_path / "only-git"
@@ -29,7 +29,7 @@ def run(outputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
 
     def call(*argv: str, outputs_path: Path | None = outputs) -> tuple[int, list[str], str]:
         extra = ["--outputs", str(outputs_path)] if outputs_path else []
-        code = main([*argv, "--profile", "p5", *extra, "--dry-run"])
+        code = main([*argv, "--profile", "p5", *extra, "--dry_run"])
         captured = capsys.readouterr()
         return code, captured.out.splitlines(), captured.err
 
@@ -37,7 +37,7 @@ def run(outputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
 
 
 def test_submit(run, tmp_path: Path) -> None:
-    code, out, _ = run("submit", "--mode", "baseline", "--run-id", "r1")
+    code, out, _ = run("submit", "--mode", "baseline", "--run_id", "r1")
     assert code == 0
     assert out[:2] == [
         f"{NS} apply --filename dist/p5/10-common.yaml --filename dist/p5/30-train-r1.yaml",
@@ -52,15 +52,15 @@ def test_submit(run, tmp_path: Path) -> None:
 
 
 def test_submit_with_an_override_is_validated_as_the_file_is(run) -> None:
-    code, out, _ = run("submit", "--run-id", "r1", "--set", "trainer.compile=true",
+    code, out, _ = run("submit", "--run_id", "r1", "--set", "trainer.compile=true",
                        "--set", "trainer.global_batch_size=64")
     assert code == 0
     shown = " ".join(out)
     assert " compile=true " in shown and " global_batch_size=64 " in shown
-    code, _, err = run("submit", "--run-id", "r1", "--set", "trainer.compil=true")
+    code, _, err = run("submit", "--run_id", "r1", "--set", "trainer.compil=true")
     assert code == 2 and err.strip().splitlines() == [
         "nvrx-eks: error: profile 'p5': trainer.compil: unknown key; did you mean 'compile'?"]
-    code, _, err = run("submit", "--run-id", "r1", "--set", "trainer.global_batch_size=3")
+    code, _, err = run("submit", "--run_id", "r1", "--set", "trainer.global_batch_size=3")
     assert code == 2 and "global batch size 3 cannot be kept at world size 16" in err
     assert len(err.strip().splitlines()) == 1
 
@@ -70,7 +70,7 @@ def test_submit_applies_the_namespace_when_the_stack_does_not_own_it(run, tmp_pa
     del stacks["NvrxCluster"]["Namespace"]
     other = tmp_path / "no-namespace.json"
     other.write_text(json.dumps(stacks))
-    code, out, _ = run("submit", "--run-id", "r2", outputs_path=other)
+    code, out, _ = run("submit", "--run_id", "r2", outputs_path=other)
     assert code == 0
     assert out[0] == f"{NS} apply --filename dist/p5/00-namespace.yaml"
     assert out[1].endswith("--filename dist/p5/30-train-r2.yaml")
@@ -90,7 +90,7 @@ def test_prepare_data(run) -> None:
 
 
 def test_status_of_one_run_and_of_all(run) -> None:
-    code, out, _ = run("status", "--run-id", "r1")
+    code, out, _ = run("status", "--run_id", "r1")
     assert code == 0 and len(out) == 2
     assert out[0].startswith(
         f"{NS} get jobs --selector {PART_OF},app.kubernetes.io/component=train,nvrx-eks/run-id=r1 "
@@ -105,7 +105,7 @@ def test_status_of_one_run_and_of_all(run) -> None:
 
 
 def test_logs_of_a_rank(run) -> None:
-    code, out, _ = run("logs", "--run-id", "r1", "--rank", "1", "--follow")
+    code, out, _ = run("logs", "--run_id", "r1", "--rank", "1", "--follow")
     assert code == 0
     assert out == [
         f"{NS} logs --container trainer --follow "
@@ -115,7 +115,7 @@ def test_logs_of_a_rank(run) -> None:
 
 
 def test_results(run, tmp_path: Path) -> None:
-    code, out, _ = run("results", "--run-id", "r1")
+    code, out, _ = run("results", "--run_id", "r1")
     assert code == 0
     assert out[:3] == [
         f"{NS} apply --filename dist/p5/40-results-r1.yaml",
@@ -129,7 +129,7 @@ def test_results(run, tmp_path: Path) -> None:
 
 
 def test_watch(run, tmp_path: Path) -> None:
-    code, out, _ = run("watch", "--run-id", "r1", "--once")
+    code, out, _ = run("watch", "--run_id", "r1", "--once")
     assert code == 0
     assert out == [
         f"{NS} apply --filename dist/p5/45-watch-r1.yaml",
@@ -142,12 +142,12 @@ def test_watch(run, tmp_path: Path) -> None:
 
 
 def test_watch_refuses_a_bad_interval(run) -> None:
-    code, _, err = run("watch", "--run-id", "r1", "--interval", "0")
+    code, _, err = run("watch", "--run_id", "r1", "--interval", "0")
     assert code == 2 and "--interval 0 must be positive" in err
 
 
 def test_export(run, tmp_path: Path) -> None:
-    code, out, _ = run("export", "--run-id", "r1", "--format", "hf")
+    code, out, _ = run("export", "--run_id", "r1", "--format", "hf")
     assert code == 0
     assert out == [
         f"{NS} delete job export-hf-r1 --ignore-not-found --wait=true",
@@ -155,7 +155,7 @@ def test_export(run, tmp_path: Path) -> None:
         "# export of r1: the newest committed checkpoint as hf fp32, into /fsx/runs/r1/export/hf-step<N>",
         f"# follow it: {NS} logs --follow job/export-hf-r1",
     ]
-    code, out, _ = run("export", "--run-id", "r1", "--format", "dcp", "--step", "500", "--dtype", "bf16",
+    code, out, _ = run("export", "--run_id", "r1", "--format", "dcp", "--step", "500", "--dtype", "bf16",
                        "--optimizer", "--wait", "--timeout", "30m")
     assert code == 0
     assert out[0] == f"{NS} delete job export-dcp-r1 --ignore-not-found --wait=true"
@@ -172,15 +172,15 @@ def test_export(run, tmp_path: Path) -> None:
 def test_export_refuses_bad_choices_in_one_line(run) -> None:
     for argv, message in ((("--format", "hf", "--optimizer"), "--optimizer applies to --format dcp, not hf"),
                           (("--format", "hf", "--step", "-1"), "--step -1 must be a step number")):
-        code, out, err = run("export", "--run-id", "r1", *argv)
+        code, out, err = run("export", "--run_id", "r1", *argv)
         assert code == 2 and out == [] and len(err.strip().splitlines()) == 1 and message in err
     with pytest.raises(SystemExit) as exit_:
-        run("export", "--run-id", "r1", "--format", "gguf")
+        run("export", "--run_id", "r1", "--format", "gguf")
     assert exit_.value.code == 2
 
 
 def test_stop(run) -> None:
-    code, out, _ = run("stop", "--run-id", "r1")
+    code, out, _ = run("stop", "--run_id", "r1")
     assert code == 0
     assert out[:2] == [
         f"{NS} delete job train-r1 --cascade=foreground --wait=true --ignore-not-found --timeout=15m",
@@ -206,7 +206,7 @@ def test_cleanup_deletes_fsx_users_first_and_keeps_namespace(run) -> None:
 
 
 def test_synth_prints_the_manifests(run, tmp_path: Path) -> None:
-    code, out, _ = run("synth", "--mode", "inprocess", "--run-id", "r1")
+    code, out, _ = run("synth", "--mode", "inprocess", "--run_id", "r1")
     assert code == 0
     text = "\n".join(out)
     docs = [d for d in yaml.safe_load_all(text) if d]
@@ -225,7 +225,7 @@ def test_synth_prints_the_manifests(run, tmp_path: Path) -> None:
 
 
 def test_context_flag_is_passed_through(run) -> None:
-    code, out, _ = run("stop", "--run-id", "r1", "--context", "other")
+    code, out, _ = run("stop", "--run_id", "r1", "--context", "other")
     assert code == 0 and out[0].startswith("kubectl --context other --namespace nvrx delete job train-r1 ")
 
 
@@ -233,7 +233,7 @@ def test_context_flag_is_passed_through(run) -> None:
 def test_dry_run_cannot_find_the_latest_run(run, command: str) -> None:
     code, out, err = run(command)
     assert code == 2 and out == []
-    assert err.strip() == "nvrx-eks: error: --dry-run cannot look up the latest run: pass --run-id"
+    assert err.strip() == "nvrx-eks: error: --dry_run cannot look up the latest run: pass --run_id"
 
 
 def test_missing_outputs_value_names_the_key(run) -> None:
@@ -244,7 +244,7 @@ def test_missing_outputs_value_names_the_key(run) -> None:
 
 
 def test_rank_out_of_range(run) -> None:
-    code, _, err = run("logs", "--run-id", "r1", "--rank", "2")
+    code, _, err = run("logs", "--run_id", "r1", "--rank", "2")
     assert code == 2 and "--rank 2 is not a node rank of 2 nodes" in err
 
 
@@ -261,10 +261,10 @@ def test_image_reference_for_make_image(run) -> None:
     code, out, _ = run("image")
     assert code == 0
     assert out == [f"123456789012.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:{image.commit_tag()}"]
-    code, out, _ = run("image", "--image-tag", "nvrx-0.4.1")
+    code, out, _ = run("image", "--image_tag", "nvrx-0.4.1")
     assert code == 0 and out == ["123456789012.dkr.ecr.us-east-2.amazonaws.com/nvrx-trainer:nvrx-0.4.1"]
 
 
 def test_make_image_refuses_latest(run) -> None:
-    code, out, err = run("image", "--image-tag", "latest")
+    code, out, err = run("image", "--image_tag", "latest")
     assert code == 2 and out == [] and "image tag 'latest' moves with every push" in err
