@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Optional
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_WORLD = 8  # ranks per simulated node, as on a p5
 WIDE_ROWS = 32768  # every rank holds rows of the wide matrix up to N = 16384
+SHARD_CACHE_ENV = "NVRX_EKS_SCALE_SHARDS"  # saved shards shared by measurements (`save_shard`)
 OPERATIONS = ("save", "commit", "commit_watch", "resume", "resume_half", "agreement",
               "peer_exchange", "reentry")
 # What may grow with N, and why: rank 0's work once per checkpoint (it checks every rank's marker
@@ -232,7 +233,26 @@ def manager(ckpt: Path, world: int, rank: int):
 
 def save_shard(ckpt: Path, world: int, rank: int, step: int) -> None:
     """Rank `rank`'s real shard of `step`, as a rank of a world of `world` writes it, in a
-    process of its own: a process plays one rank only (FSDP2's device mesh keeps the first)."""
+    process of its own: a process plays one rank only (FSDP2's device mesh keeps the first).
+
+    Where SHARD_CACHE_ENV names a directory, a shard is saved once there and copied for every
+    later measurement that needs it (its files are the same, and no measurement counts the
+    save): most of a measurement's time is the saving processes' start-up."""
+    cache = os.environ.get(SHARD_CACHE_ENV)
+    if not cache:
+        _save_shard_process(ckpt, world, rank, step)
+        return
+    kept = Path(cache) / f"N{world}-rank{rank}-step{step}"
+    if not kept.is_dir():
+        fresh = Path(tempfile.mkdtemp(prefix="saving-", dir=cache))
+        _save_shard_process(fresh / ckpt.name, world, rank, step)
+        with contextlib.suppress(OSError):  # another process kept the same shard first
+            fresh.rename(kept)
+        shutil.rmtree(fresh, ignore_errors=True)
+    shutil.copytree(kept, ckpt.parent, dirs_exist_ok=True)
+
+
+def _save_shard_process(ckpt: Path, world: int, rank: int, step: int) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.scale", "--save_shard", str(ckpt),
                            str(world), str(rank), str(step)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -452,7 +472,7 @@ def op_reentry(work: Path, world: int, rank: int) -> dict:
 
     from trainer.accounting.events import EventLog
     from trainer.config import from_values
-    from trainer.loop.distributed import DistEnv
+    from trainer.distributed import DistEnv
     from trainer.loop.hooks import ProcessState
     from trainer.snapshots.agreement import candidate_vector
     from trainer.tiers import Tiers
@@ -505,7 +525,17 @@ def subjects(op: str) -> list[str]:
 
 
 def table(worlds: list[int], ops: tuple[str, ...] = OPERATIONS) -> dict:
-    """{op: {"rank" | "rank0": {N: counts}}}."""
+    """{op: {"rank" | "rank0": {N: counts}}}; the measurements share their saved shards."""
+    with tempfile.TemporaryDirectory(prefix="scale-shards-") as shards:
+        os.environ.setdefault(SHARD_CACHE_ENV, shards)
+        try:
+            return _table(worlds, ops)
+        finally:
+            if os.environ[SHARD_CACHE_ENV] == shards:
+                del os.environ[SHARD_CACHE_ENV]
+
+
+def _table(worlds: list[int], ops: tuple[str, ...]) -> dict:
     out: dict = {}
     for op in ops:
         for who in subjects(op):

@@ -3,12 +3,14 @@ runs, a one-rank group; and pytest-timeout's bound per test, stretched with the 
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from bench.scale import SHARD_CACHE_ENV
 from devtools.pace import Pace
 from tests import jobs
 from tests.jobs import INTERVAL, STEPS, ok, results, run_local
@@ -22,6 +24,18 @@ def pytest_runtest_protocol(item):
     if fast and item.get_closest_marker("timeout") is None:
         item.add_marker(pytest.mark.timeout(jobs.stretched(fast)))
     yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scale_shards(tmp_path_factory):
+    """bench.scale's measurements save each shard once per run of the suite, shared by its
+    workers (their base folders' parent is this run's)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "scale-shards"
+    root.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SHARD_CACHE_ENV, str(root))
+        yield root
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +75,7 @@ def one_rank_group():
     import torch
     import torch.distributed as dist
 
-    from trainer.loop.distributed import DistEnv
+    from trainer.distributed import DistEnv
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -139,7 +139,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 launcher=os.environ.get(LAUNCHER_ID_ENV), forked=forked_worker())
     import torch.distributed as dist
 
-    from trainer.loop.distributed import dist_env
+    from trainer.distributed import dist_env
 
     try:
         env = dist_env(cfg.device)

@@ -21,7 +21,7 @@ from trainer.durable.manager import CheckpointManager, warm_staging
 from trainer.durable.state import TensorShard, local_tensors, restore, shard_layout
 from trainer.errors import ConfigError
 from trainer.faults.inject import at_point
-from trainer.loop.distributed import DistEnv
+from trainer.distributed import DistEnv
 from trainer.loop.hooks import ProcessState
 from trainer.node_dir import HUGE_PAGE, node_root, page_bytes, snapshots_dir
 from trainer.recovery.phases import run_phase

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import torch.distributed as dist
 
-from trainer.loop.distributed import default_group_store
+from trainer.distributed import default_group_store
 
 ATTEMPTS_KEY = "nvrx-eks/durable/attempts"
 WAIT_FIRST_S = 0.01  # a commit waited for is checked this soon, then ever less often

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from trainer.loop.distributed import DistEnv
+from trainer.distributed import DistEnv
 from trainer.loop.precision import choose as choose_precision
 from trainer.loop.weights import FULL_INIT_MAX_BYTES, initialize_weights
 

@@ -28,7 +28,7 @@ from trainer.faults.inject import FaultInjector, at_point
 from trainer.faults.schedule import schedule
 from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.loop.determinism import make_deterministic
-from trainer.loop.distributed import DistEnv, init_process_group
+from trainer.distributed import DistEnv, init_process_group
 from trainer.recovery.stores import external_group_store
 from trainer.loop.hooks import Hooks
 from trainer.loop.leftovers import Attempt, memory_now, start_clean

@@ -27,7 +27,7 @@ from config.contract import inprocess_ports
 from trainer.accounting.events import Detection, EventLog
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError, FinalError
-from trainer.loop.distributed import DistEnv, dist_env
+from trainer.distributed import DistEnv, dist_env
 from trainer.loop.hooks import Hooks
 from trainer.loop.train import run
 from trainer.recovery.nvrx_compat import (interruption_records, record_watchdog_kills,

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.accounting.events import EventLog
-from trainer.loop.distributed import default_group_store
+from trainer.distributed import default_group_store
 from trainer.snapshots import agreement
 from trainer.snapshots.own import OwnSlots
 from trainer.snapshots.peer import PeerLink

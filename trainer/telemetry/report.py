@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Optional
 
 from config.contract import FIGURES_FILE_ENV
 from trainer.config import TrainConfig
-from trainer.loop.distributed import DistEnv
+from trainer.distributed import DistEnv
 from trainer.loop.metrics import StepFigures
 from trainer.telemetry import published
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from config.presets import PRESETS, preset_parameters
-from trainer.loop.distributed import DistEnv
+from trainer.distributed import DistEnv
 from trainer.loop.model import llama_config, parameter_count
 from trainer.loop.parallel import build_sharded_model
 

@@ -72,7 +72,7 @@ def test_a_worker_forked_after_the_preload_trains(cache_dir, tmp_path):
     model on a phase thread and runs backward on its main thread, as ft_launcher's workers do.
     Under a CUDA build of torch with no GPU visible (the image's torch on CPU ranks), that
     crashed in the first backward unless the CUDA device guard was set on the main thread
-    (`trainer.loop.distributed.keep_cuda_guard_alive`)."""
+    (`trainer.distributed.keep_cuda_guard_alive`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
