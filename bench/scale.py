@@ -473,7 +473,7 @@ def op_reentry(work: Path, world: int, rank: int) -> dict:
     from trainer.accounting.events import EventLog
     from trainer.config import from_values
     from trainer.distributed import DistEnv
-    from trainer.loop.hooks import ProcessState
+    from trainer.hooks import ProcessState
     from trainer.snapshots.agreement import candidate_vector
     from trainer.tiers import Tiers
 

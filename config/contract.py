@@ -176,6 +176,7 @@ FINAL_ERROR_ENV = "NVRX_EKS_FINAL_ERROR_FILE"  # where a rank records an error n
 NODE_RANK_ENV = "NVRX_EKS_NODE_RANK"
 EVENTS_DIR_ENV = "NVRX_EKS_EVENTS_DIR"
 LAUNCHER_ID_ENV = "NVRX_EKS_LAUNCHER_ID"
+RDZV_ROUND_ENV = "NVRX_EKS_RDZV_ROUND"  # the rendezvous round a worker group joined (ft_launcher)
 # Prometheus metrics (trainer.telemetry.exporter): each node's launcher serves /metrics on this
 # port from the figures file its workers publish (FIGURES_FILE_ENV, set by the launcher); the
 # manifests open the port to the monitoring namespace's scraper and annotate it.

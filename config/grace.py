@@ -1,6 +1,6 @@
 """SIGTERM to SIGKILL for a training pod: its terminationGracePeriodSeconds, and the trainer's
 --termination_grace. On SIGTERM the ranks commit their newest state before SIGKILL
-(`trainer.recovery.termination`), so the grace holds one checkpoint write on the profile's file
+(`trainer.termination`), so the grace holds one checkpoint write on the profile's file
 system with a margin, and the rest of a stop. The manifests (`k8s.deployment`) set it and the
 capacity plan (`scripts.plan`) shows it; both read it here."""
 
@@ -25,7 +25,7 @@ def write_seconds(checkpoint_bytes: int, file_system: FileSystem) -> float:
 def termination_grace_seconds(write_s: float) -> int:
     """One checkpoint write of `write_s` with a margin, and the rest of a stop; at least the
     floor. A write already in flight at SIGTERM is committed in it; a newer one then only if it
-    still fits (trainer.recovery.termination)."""
+    still fits (trainer.termination)."""
     return max(TERMINATION_GRACE_FLOOR_S, math.ceil(write_s * GRACE_WRITE_FACTOR + GRACE_STOP_S))
 
 

@@ -49,7 +49,7 @@ def kubectl_skew(version: str) -> int:
 
 # The NVRx releases the trainer runs on (pyproject's range): 0.4.1 (the published benchmark, the
 # CPU machines) through 0.7.x (the image's default). How the trainer bridges them is in
-# trainer.recovery.nvrx_compat; what synthesis must know of the image's release is here.
+# trainer.nvrx_compat; what synthesis must know of the image's release is here.
 NVRX_OLDEST = (0, 4, 1)
 NVRX_NEWEST_MINOR = (0, 7)
 DEFAULT_NVRX_VERSION = "0.7.0"

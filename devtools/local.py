@@ -35,9 +35,9 @@ from config.contract import FIGURES_FILE_ENV, FINAL_ERROR_ENV, PORTS_PER_JOB, Re
 from trainer.accounting.events import events_dir, job_log
 from trainer.config import MODE_NAMES
 from trainer.durable.lease import RUN_ID_ENV
-from trainer.recovery.lifetime import child_dies_with_me
+from trainer.lifetime import child_dies_with_me
 from trainer.recovery.store_server import listening
-from trainer.recovery.termination import SIGTERM_EXIT_CODE
+from trainer.termination import SIGTERM_EXIT_CODE
 from trainer.recovery.launch import (LaunchSpec, build_command, check, default_heartbeat_timeout,
                                      launch_env, run_end, spec_rendezvous, stop_on_sigterm,
                                      topology_problem)

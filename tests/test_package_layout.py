@@ -132,3 +132,31 @@ def test_packages_import_one_way():
         wrong += [f"{module} -> {dep}" for dep in sorted(project_imports(path, known))
                   if dep.split(".")[0] not in MAY_IMPORT[own] | {own}]
     assert wrong == []
+
+
+# Inside the trainer, from the bottom up: the helpers every part uses (top-level modules such as
+# `distributed`, `lifetime`, `phases`, `nvrx_compat`, and `accounting`, `faults`); the two tiers
+# of state; what the loop is given (`hooks`) and reports through (`telemetry`); `tiers`, which
+# composes the tiers; the loop; the recovery layers around it; the entry points.
+TRAINER_LAYERS = ({"durable", "snapshots"}, {"hooks", "telemetry"}, {"tiers"}, {"loop"},
+                  {"recovery"}, {"cli", "__main__", "export"})
+# `trainer.config` checks a machine before launch (the data file, the checkpoint directory):
+# those checks read what the tiers and the loop write, through imports deferred to the checks.
+TRAINER_EXCEPTIONS = {("trainer.config", "trainer.durable.run_settings"),
+                      ("trainer.config", "trainer.durable.store"),
+                      ("trainer.config", "trainer.loop.data")}
+
+
+def _trainer_layer(module: str) -> int:
+    part = module.split(".")[1] if module.count(".") >= 1 else module
+    return next((i + 1 for i, layer in enumerate(TRAINER_LAYERS) if part in layer), 0)
+
+
+def test_the_trainers_layers_import_downward():
+    files = list((REPO / "trainer").rglob("*.py"))
+    known = {module_name(p) for p in files}
+    upward = sorted(f"{module_name(p)} -> {dep}" for p in files for dep in project_imports(p, known)
+                    if dep.startswith("trainer.")
+                    and _trainer_layer(dep) > _trainer_layer(module_name(p))
+                    and (module_name(p), dep) not in TRAINER_EXCEPTIONS)
+    assert upward == []

@@ -3,9 +3,9 @@ import sys
 # The guard matters for forked workers: they run this file by path, and a process they spawn
 # (the checkpoint writer) re-imports it as `__mp_main__`.
 if __name__ == "__main__":
-    from trainer.recovery import termination
+    from trainer import termination
     from trainer.recovery.forkserver import forked_worker
-    from trainer.recovery.lifetime import leave, worker_dies_with_agent
+    from trainer.lifetime import leave, worker_dies_with_agent
 
     termination.install()  # the launcher's stop signal, held until now
     if not forked_worker():  # a forked worker died with its fork server from its first instant

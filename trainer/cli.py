@@ -12,7 +12,7 @@ from trainer.config import TrainConfig, check_environment, parse_args
 from trainer.errors import ConfigError, FinalError
 from trainer.recovery.forkserver import forked_worker
 from trainer.recovery.launch import record_final_error
-from trainer.recovery.lifetime import leave
+from trainer.lifetime import leave
 
 
 def write_results(cfg: TrainConfig, summary: dict) -> dict:
@@ -148,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     events.emit("imported")
     from trainer.tiers import Tiers
-    from trainer.loop.hooks import Hooks
+    from trainer.hooks import Hooks
     from trainer.loop.train import run
 
     hooks, failed = Hooks(), True
@@ -165,6 +165,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             summary = run_inprocess(cfg, env, events, hooks)
         else:
+            from trainer.recovery.stores import external_group_store
+
+            hooks.store = external_group_store(cfg.collective_timeout(env.device.type))
             summary = run(cfg, env, events, hooks)
         # stopped by SIGTERM without committing its newest state: what the tiers hold stays
         failed = bool(summary.get("stopped")) and \

@@ -57,7 +57,7 @@ def keep_cuda_guard_alive() -> None:
     enters one, from whichever thread first dispatches a DTensor op) puts in torch's device
     guard registry a no-op CUDA guard that it keeps in that thread's thread-local storage
     (`torch._C._ensureCUDADeviceGuardSet`, measured on torch 2.11.0+cu130). The trainer builds
-    the model on a phase thread (`trainer.recovery.phases`); once that thread ends, the
+    the model on a phase thread (`trainer.phases`); once that thread ends, the
     registry points at freed memory, and the autograd engine, which asks every registered guard
     for its device count at the first backward, crashes with SIGSEGV. Setting the guard here
     first, on the main thread, leaves it there: a guard already set is kept. CPU-only builds

@@ -22,9 +22,9 @@ from trainer.durable.state import TensorShard, local_tensors, restore, shard_lay
 from trainer.errors import ConfigError
 from trainer.faults.inject import at_point
 from trainer.distributed import DistEnv
-from trainer.loop.hooks import ProcessState
+from trainer.hooks import ProcessState
 from trainer.node_dir import HUGE_PAGE, node_root, page_bytes, snapshots_dir
-from trainer.recovery.phases import run_phase
+from trainer.phases import run_phase
 from trainer.snapshots import Snapshotter, warm_slots
 from trainer.snapshots.cadence import Cadence
 

@@ -182,7 +182,7 @@ class TrainingChart(Chart):
         return pod.pod_spec(
             subdomain=dep.service_name,
             restart_policy="Never",
-            # SIGTERM to SIGKILL: the ranks commit their newest state in it (trainer.recovery.termination)
+            # SIGTERM to SIGKILL: the ranks commit their newest state in it (trainer.termination)
             termination_grace_period_seconds=dep.termination_grace_s,
             node_selector=pod.gpu_node_selector(dep.instance),
             tolerations=pod.gpu_tolerations(),

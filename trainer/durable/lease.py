@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 from trainer.atomic import create_json_exclusive, read_json, write_json_atomic
 from trainer.errors import FinalError
-from trainer.recovery.lifetime import ProcessId, launcher
+from trainer.lifetime import ProcessId, launcher
 
 RUN_FILE = "RUN.json"
 LEASE_FILE = "LEASE.json"

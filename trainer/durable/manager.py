@@ -27,7 +27,7 @@ from trainer.durable.state import local_tensors, overlapping_ranks, restore, sha
 from trainer.durable.store import (CheckpointError, CheckpointStore, RestoreError, SaveStats,
                                    ShardFile, ShardWrite, StorageError, error_file, step_dir_name,
                                    write_shard)
-from trainer.recovery.phases import injected_delay
+from trainer.phases import injected_delay
 
 MARKER_GRACE_S = 60.0  # how long a marker may lag behind the write that returned it
 COMMIT_POLL_S = 0.2  # rank 0's committer looks at the landed counter this often
@@ -135,7 +135,7 @@ class CheckpointManager:
     def start_writer(self) -> None:
         """Start NVRx's persistent writer now, so the first save pays no process start."""
         if self.use_async and self._writer is None:
-            from trainer.recovery.nvrx_compat import AsyncWriter
+            from trainer.nvrx_compat import AsyncWriter
 
             self._writer = AsyncWriter(self.rank)  # its process ends with this one
 

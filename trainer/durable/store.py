@@ -212,7 +212,7 @@ def _write_shard(req: ShardWrite) -> dict:
     import torch
 
     from trainer.buffers import Layout, map_file
-    from trainer.recovery.phases import injected_delay
+    from trainer.phases import injected_delay
 
     t0 = time.time()
     time.sleep(injected_delay("write"))  # test hook: a slow file system

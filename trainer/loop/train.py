@@ -29,17 +29,16 @@ from trainer.faults.schedule import schedule
 from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
 from trainer.loop.determinism import make_deterministic
 from trainer.distributed import DistEnv, init_process_group
-from trainer.recovery.stores import external_group_store
-from trainer.loop.hooks import Hooks
-from trainer.loop.leftovers import Attempt, memory_now, start_clean
-from trainer.loop.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
+from trainer.hooks import Hooks
+from trainer.leftovers import Attempt, memory_now, start_clean
+from trainer.telemetry.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
 from trainer.loop.parallel import build_sharded_model
 from trainer.loop.precision import Precision
 from trainer.loop.precision import choose as choose_precision
 from trainer.loop.profiling import StepProfiler, profile_line
 from trainer.loop.weights import initialize_weights, param_fingerprint
-from trainer.recovery import termination
-from trainer.recovery.phases import join_interrupted
+from trainer import termination
+from trainer.phases import join_interrupted
 from trainer.tiers import Tiers
 
 
@@ -170,9 +169,7 @@ def _build(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Hooks, log: 
     can get. (The process group too: its rendezvous waits for the slowest rank.)"""
     Tiers.warm(cfg, env)
     timeout = cfg.collective_timeout(env.device.type)
-    # The in-process attempt's store, else the run's store process (no rank hosts one), else
-    # torch's env:// rendezvous, whose rank 0 hosts it.
-    init_process_group(env, timeout, hooks.store or external_group_store(timeout))
+    init_process_group(env, timeout, hooks.store)
     events.emit("pg_ready", iteration=hooks.iteration)
     t0 = time.perf_counter()
     data = TokenDataset(cfg.data_path or ensure_local_data(), cfg.seq_len)

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 from trainer.faults.node_loss import NODE_LEADER_ENV
-from trainer.recovery.lifetime import announce_agent
-from trainer.recovery.termination import hold_in_agent
+from trainer.lifetime import announce_agent
+from trainer.termination import hold_in_agent
 
 # What a worker imports before its first step; a module missing here is imported by each worker.
 PRELOAD = (
@@ -87,7 +87,7 @@ def main() -> None:
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     warm()
     from trainer.recovery.launcher_events import record_ft_launcher_detections
-    from trainer.recovery.nvrx_compat import ft_launcher_main
+    from trainer.nvrx_compat import ft_launcher_main
 
     record_ft_launcher_detections(os.environ)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 
 from trainer.accounting.events import EventLog
-from trainer.loop.hooks import Hooks
+from trainer.hooks import Hooks
 
 
 def attach_heartbeat(hooks: Hooks, events: EventLog) -> None:

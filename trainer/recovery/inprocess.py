@@ -8,7 +8,7 @@ the process group is rebuilt. Two details make it work for real:
   checks; and the loop waits for the GPU without holding the GIL (train.wait_for_device);
 - the world may only shrink down to --min_world_size (default: not at all), so a lost process
   ends the job with a clear error instead of training on with a different batch;
-- set-up and tear-down run as phases (trainer.recovery.phases), outside the progress timeouts;
+- set-up and tear-down run as phases (trainer.phases), outside the progress timeouts;
 - an error that no restart can fix ends the job at once (`Attempts`).
 """
 
@@ -28,13 +28,13 @@ from trainer.accounting.events import Detection, EventLog
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError, FinalError
 from trainer.distributed import DistEnv, dist_env
-from trainer.loop.hooks import Hooks
+from trainer.hooks import Hooks
 from trainer.loop.train import run
-from trainer.recovery.nvrx_compat import (interruption_records, record_watchdog_kills,
+from trainer.nvrx_compat import (interruption_records, record_watchdog_kills,
                                           restart_health_check)
-from trainer.recovery.phases import PhaseTimeout
+from trainer.phases import PhaseTimeout
 from trainer.recovery.stores import external, round_key
-from trainer.recovery.termination import PeerTerminating
+from trainer.termination import PeerTerminating
 
 
 # NVRx's names of what interrupted a rank, in the event log's words (accounting.events.Detection).

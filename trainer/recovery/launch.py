@@ -27,7 +27,7 @@ Without a spare left the world shrinks to as few as --min_nodes, and grows again
 joins. A lost node is found through the rendezvous keep-alive within --node_timeout
 (`nvrx_compat.use_lost_participant_restart`). Spelled per NVRx version by `nvrx_compat`.
 
-Lifetimes (`trainer.recovery.lifetime`): the elastic agent this process starts dies with it, and
+Lifetimes (`trainer.lifetime`): the elastic agent this process starts dies with it, and
 every process under the agent dies with the agent, whatever killed it: nothing of a run outlives
 its launcher and trains on into the checkpoint directory.
 """
@@ -57,10 +57,10 @@ from config.contract import (DEFAULT_MASTER_PORT, EVENTS_DIR_ENV, FIGURES_FILE_E
 from trainer.config import MODE_NAMES
 from trainer.durable.lease import RUN_ID_ENV
 from trainer.faults.node_loss import NODE_LEADER_ENV
-from trainer.recovery.lifetime import ProcessId, child_dies_with_me
+from trainer.lifetime import ProcessId, child_dies_with_me
 from trainer.recovery.nodewatch import NODE_TIMEOUT_ENV
 from trainer.recovery.stores import EXTERNAL_STORE_ENV
-from trainer.recovery.termination import SIGTERM_EXIT_CODE, STOP_SIGNAL
+from trainer.termination import SIGTERM_EXIT_CODE, STOP_SIGNAL
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def rdzv_conf(spec: LaunchSpec) -> str:
     """Rendezvous settings: who hosts the store (node 0, or nobody with the run's store
     process); how long a node waits for the others; how soon a silent node is lost."""
     if RecoveryMode(spec.mode).uses_ft_launcher:
-        from trainer.recovery.nvrx_compat import rendezvous_keep_alive
+        from trainer.nvrx_compat import rendezvous_keep_alive
 
         is_host = "true" if spec.node_rank == 0 and not spec.external_store else "false"
         # whole seconds: the rendezvous reads its timeouts as integers
@@ -115,7 +115,7 @@ def rendezvous_flags(spec: LaunchSpec) -> list[str]:
     """ft_launcher's rendezvous flags for this run, spelled for the installed NVRx: the node
     range, the store's endpoint, the round's id and settings. The store process's round closer
     (`store_server`, NVRx 0.6+) takes the same."""
-    from trainer.recovery.nvrx_compat import nnodes_flag
+    from trainer.nvrx_compat import nnodes_flag
 
     nnodes = nnodes_flag(spec.world_min_nodes, spec.nnodes, spec.spare_nodes) \
         if spec.elastic else str(spec.nnodes)
@@ -173,7 +173,7 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     py = sys.executable
     if RecoveryMode(spec.mode).uses_ft_launcher:
         from trainer.recovery.forkserver import launcher_args
-        from trainer.recovery.nvrx_compat import ft_launcher_flags
+        from trainer.nvrx_compat import ft_launcher_flags
 
         # ft_launcher, with workers forked from a process that has imported the trainer
         launcher = [py, "-m", "trainer.recovery.forkserver", *rendezvous_flags(spec),
@@ -203,7 +203,7 @@ def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
     env[INPROCESS_PORT_ENV] = str(wrapper_store_port(spec.master_port))
     if spec.external_store:  # the ranks' stores are clients of the store process
         env[EXTERNAL_STORE_ENV] = f"{spec.master_addr}:{spec.master_port}"
-        from trainer.recovery.nvrx_compat import rendezvous_finds_silent_nodes
+        from trainer.nvrx_compat import rendezvous_finds_silent_nodes
 
         if not rendezvous_finds_silent_nodes():  # the ranks watch each other's nodes
             env[NODE_TIMEOUT_ENV] = f"{spec.node_timeout:g}"
@@ -288,7 +288,7 @@ def topology_problem(mode: str, nnodes: int, min_nodes: Optional[int], spare_nod
         return (f"{what} needs a launcher that restarts its workers in a new rendezvous round: "
                 f"mode {mode} restarts the whole Job on any fault; use one of {ft_modes}")
     if lo < nnodes:
-        from trainer.recovery.nvrx_compat import shrinks_world
+        from trainer.nvrx_compat import shrinks_world
 
         if not shrinks_world():
             return (f"--min_nodes {lo} below --nnodes {nnodes}: the installed NVRx keeps a "
@@ -309,7 +309,7 @@ def default_heartbeat_timeout(mode: str, hard_timeout: float, floor: float = 30.
 def check(spec: LaunchSpec, cfg, prog: str = "python -m trainer.recovery.launch") -> None:
     """Launcher and trainer settings that only fail together, and an NVRx the trainer was not
     tested on (`nvrx_contract`)."""
-    from trainer.recovery.nvrx_contract import problems as nvrx_problems
+    from trainer.nvrx_contract import problems as nvrx_problems
 
     for problem in nvrx_problems():
         sys.stderr.write(f"{prog}: error: {problem}\n")
@@ -359,7 +359,7 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
     is recorded in the node's event log: the Job restarts the pod for it.
 
     SIGTERM (the pod's, to PID 1) reaches the workers as the stop signal: they commit their
-    newest state and stop (`trainer.recovery.termination`); this process waits for them up to
+    newest state and stop (`trainer.termination`); this process waits for them up to
     `grace_s` and exits 143 (`stop_on_sigterm`). SIGINT goes to the launcher, which tears them
     down at once.
 

@@ -23,7 +23,7 @@ def record_ft_launcher_detections(environ: Mapping[str, str]) -> EventLog:
         return events
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
-    from trainer.recovery.nvrx_compat import (watch_heartbeat_timeouts, watch_lost_nodes,
+    from trainer.nvrx_compat import (watch_heartbeat_timeouts, watch_lost_nodes,
                                               watch_worker_failures)
 
     watch_worker_failures(launcher, lambda failures: events.emit("workers_failed",

@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 from config.contract import DEFAULT_MASTER_PORT, app_store_port, wrapper_store_port
-from trainer.recovery.lifetime import child_dies_with_me
+from trainer.lifetime import child_dies_with_me
 
 PROG = "python -m trainer.recovery.store_server"
 CLOSER_START_S = 120.0  # NVRx's closer imports torch before it listens
@@ -69,7 +69,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def closer_argv(a: argparse.Namespace) -> Optional[list[str]]:
     """The round closer for the launchers' rendezvous (None: a plain store serves it)."""
     from trainer.recovery.launch import LaunchSpec, rendezvous_flags
-    from trainer.recovery.nvrx_compat import rendezvous_closer
+    from trainer.nvrx_compat import rendezvous_closer
 
     spec = LaunchSpec("ft_launcher", a.nnodes, 1, 0, a.host, a.master_port, rdzv_id=a.rdzv_id,
                       rdzv_join_timeout=a.rdzv_join_timeout, min_nodes=a.min_nodes,

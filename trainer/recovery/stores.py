@@ -18,8 +18,9 @@ import os
 from datetime import timedelta
 from typing import Optional
 
+from config.contract import RDZV_ROUND_ENV
+
 EXTERNAL_STORE_ENV = "NVRX_EKS_STORE"  # "host:port" of the run's store process (the launcher's P)
-RDZV_ROUND_ENV = "NVRX_EKS_RDZV_ROUND"  # the rendezvous round the worker group joined
 
 
 def external(environ: Optional[dict] = None) -> Optional[tuple[str, int]]:

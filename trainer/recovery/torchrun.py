@@ -8,8 +8,8 @@ signal blocked for them (`termination.hold_in_agent`).
 import os
 
 from trainer.faults.node_loss import NODE_LEADER_ENV
-from trainer.recovery.lifetime import announce_agent
-from trainer.recovery.termination import hold_in_agent
+from trainer.lifetime import announce_agent
+from trainer.termination import hold_in_agent
 
 if __name__ == "__main__":
     announce_agent()

@@ -8,7 +8,7 @@ share the launcher's group, and that cleanup would kill the launcher itself. The
 sets the child's group as well as the child, the way shells do, so the group is in place before
 the launcher learns the pid.
 
-Lifetimes (`trainer.recovery.lifetime`): the launcher starts the fork server from its main
+Lifetimes (`trainer.lifetime`): the launcher starts the fork server from its main
 thread, and the fork server forks from its only thread, so the parent-death signal is safe on
 both. Set in the child right after the fork, it leaves no instant in which a killed fork server
 would leave a worker behind.
@@ -16,7 +16,7 @@ would leave a worker behind.
 
 import os
 
-from trainer.recovery.lifetime import agent, die_with_parent
+from trainer.lifetime import agent, die_with_parent
 
 _fork = os.fork
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trainer.loop.metrics import StepFigures
+from trainer.telemetry.metrics import StepFigures
 
 
 def step_scalars(figs: StepFigures) -> dict[str, float]:

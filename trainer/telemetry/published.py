@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from trainer.loop.metrics import StepFigures
+from trainer.telemetry.metrics import StepFigures
 from trainer.telemetry.figures import last_recovery_seconds
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Optional
 from config.contract import FIGURES_FILE_ENV
 from trainer.config import TrainConfig
 from trainer.distributed import DistEnv
-from trainer.loop.metrics import StepFigures
+from trainer.telemetry.metrics import StepFigures
 from trainer.telemetry import published
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from trainer.loop.metrics import StepFigures
+from trainer.telemetry.metrics import StepFigures
 from trainer.telemetry.figures import closed_failures, failure_scalars, run_scalars, step_scalars
 
 

@@ -1,6 +1,6 @@
 """An in-process attempt's hooks: fresh per attempt, sharing what must survive it."""
 
-from trainer.loop.hooks import Hooks, ProcessState
+from trainer.hooks import Hooks, ProcessState
 
 
 def test_attempt_hooks_share_callbacks_and_process_state_but_not_counters():

@@ -1,8 +1,8 @@
-"""The check an in-process attempt runs on the one before it (`trainer.loop.leftovers`)."""
+"""The check an in-process attempt runs on the one before it (`trainer.leftovers`)."""
 
 import torch
 
-from trainer.loop.leftovers import Attempt, start_clean
+from trainer.leftovers import Attempt, start_clean
 
 
 class _Cycle:

@@ -46,7 +46,7 @@ def test_bad_speed_flags_are_one_line_and_exit_2(args, fragment):
 
 
 def test_flops_per_token_and_mfu_of_the_reference_run():
-    from trainer.loop.metrics import Throughput
+    from trainer.telemetry.metrics import Throughput
 
     for name in PRESETS:
         c = PRESETS[name]
@@ -98,7 +98,7 @@ def test_activation_checkpointing_and_compile_keep_gradients_and_names(one_rank_
 
 
 def test_step_figures_and_the_log_line_on_cpu():
-    from trainer.loop.metrics import StepReadback, Throughput, Window
+    from trainer.telemetry.metrics import StepReadback, Throughput, Window
 
     waited = []
     readback = StepReadback(torch.device("cpu"), lambda device, event: waited.append(event))

@@ -97,7 +97,7 @@ def _group(code: str) -> subprocess.Popen:
 
 
 def test_stopping_worker_groups_terminates_kills_and_skips_empty_ones():
-    from trainer.recovery.nvrx_compat import stop_worker_groups
+    from trainer.nvrx_compat import stop_worker_groups
 
     polite = _group("import time; time.sleep(600)")
     stubborn = _group("import signal, time, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -113,7 +113,7 @@ def test_stopping_worker_groups_terminates_kills_and_skips_empty_ones():
 def test_a_group_left_with_zombies_is_empty():
     """A worker's child that exited under a parent that never reaps it is a zombie: it keeps the
     group signallable, but a stop that waited for it would always wait out its grace."""
-    from trainer.recovery.nvrx_compat import live_groups
+    from trainer.nvrx_compat import live_groups
 
     running = _group("import time; time.sleep(600)")
     zombie = _group("pass")  # never waited for until the end: it stays a zombie
@@ -134,7 +134,7 @@ def test_a_group_left_with_zombies_is_empty():
 def test_stopping_worker_groups_leaves_group_one_alone():
     """NVRx's own exception (its tests run rank monitors in group 1); signalling it here would
     reach every process of a container."""
-    from trainer.recovery.nvrx_compat import stop_worker_groups
+    from trainer.nvrx_compat import stop_worker_groups
 
     victim = _group("import time; time.sleep(600)")
     try:
@@ -150,7 +150,7 @@ def test_only_nvrx_07s_group_cleanup_is_replaced():
 
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
-    from trainer.recovery.nvrx_compat import stop_worker_groups, use_stop_worker_groups
+    from trainer.nvrx_compat import stop_worker_groups, use_stop_worker_groups
 
     installed = getattr(launcher, "terminate_mp_processes", None)
     use_stop_worker_groups(launcher)
@@ -199,7 +199,7 @@ class _BarrierState:
 
 
 def test_a_launcher_joins_the_round_it_has_just_opened_without_sleeping():
-    from trainer.recovery.nvrx_compat import use_prompt_rendezvous
+    from trainer.nvrx_compat import use_prompt_rendezvous
 
     before = _BarrierState()
     before._wait_for_rendezvous_open("node")

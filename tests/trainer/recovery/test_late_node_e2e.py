@@ -11,7 +11,7 @@ from devtools.local import free_port_block, start_store
 from tests.jobs import (ROOT, env_for, events, kill_group, launcher_cmd, ok, pace, recovery_flags,
                         start, stretched)
 from trainer.recovery.launch import END_POLL_S, LaunchSpec
-from trainer.recovery.nvrx_compat import rendezvous_finds_silent_nodes
+from trainer.nvrx_compat import rendezvous_finds_silent_nodes
 
 MODE = "ft_launcher"
 STEPS = 2

@@ -51,7 +51,7 @@ def test_bad_shapes_are_one_line_and_exit_2_before_anything_starts(tmp_path, arg
 def test_a_shrink_the_global_batch_cannot_follow_is_refused(tmp_path):
     """3 nodes of one rank, the default batch of 4: a global batch of 12 is 6 a rank on 2 nodes.
     An NVRx whose ft_launcher keeps a fixed world refuses the shrink itself."""
-    from trainer.recovery.nvrx_compat import shrinks_world
+    from trainer.nvrx_compat import shrinks_world
 
     proc = launch(tmp_path, *BASE, "--mode", "ft_launcher", "--nnodes", "3", "--min_nodes", "2",
                   "--node_rank", "0")
@@ -66,7 +66,7 @@ def test_a_shrink_the_global_batch_cannot_follow_is_refused(tmp_path):
 
 def test_spares_and_a_shrinking_world_reach_ft_launcher():
     from trainer.recovery.launch import LaunchSpec, build_command, launch_env
-    from trainer.recovery.nvrx_compat import nnodes_flag
+    from trainer.nvrx_compat import nnodes_flag
     from trainer.recovery.stores import EXTERNAL_STORE_ENV
 
     spec = LaunchSpec("ft_launcher", 4, 8, 5, "store.svc", 29500, min_nodes=3, spare_nodes=2,
@@ -114,7 +114,8 @@ def test_store_process_serves_every_port_and_exits_0_on_sigterm():
 def test_the_store_process_closes_the_rounds_the_launchers_join(monkeypatch):
     """From NVRx 0.6 the store's host closes each rendezvous round: the store process runs
     NVRx's closer with exactly the launchers' rendezvous flags; before 0.6 a plain store does."""
-    from trainer.recovery import nvrx_compat, store_server
+    from trainer import nvrx_compat
+    from trainer.recovery import store_server
     from trainer.recovery.launch import LaunchSpec, build_command, rendezvous_flags, spec_rendezvous
 
     spec = LaunchSpec("ft_launcher", 4, 8, 0, "127.0.0.1", 29500, rdzv_id="run-7",
@@ -155,7 +156,7 @@ def test_the_installed_ft_launcher_parses_every_flag_the_launcher_gives_it(mode)
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
     from trainer.recovery.launch import LaunchSpec, build_command
-    from trainer.recovery.nvrx_compat import GPU_MEMORY_POLL_S
+    from trainer.nvrx_compat import GPU_MEMORY_POLL_S
 
     spec = LaunchSpec(mode, 2, 8, 0, "127.0.0.1", 29500, rdzv_id="run-7")
     argv = build_command(spec, ["--max_steps", "4"])

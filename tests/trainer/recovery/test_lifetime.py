@@ -1,5 +1,5 @@
 """Each helper of a run ends with the process that started it, however that one ended; the lease
-names its holder by pid and start time (`trainer.recovery.lifetime`). Real processes."""
+names its holder by pid and start time (`trainer.lifetime`). Real processes."""
 
 import json
 import os
@@ -14,7 +14,7 @@ import pytest
 
 from tests.jobs import ROOT, env_for
 from trainer.durable.lease import Lease, LeaseError
-from trainer.recovery.lifetime import ProcessId, process_start
+from trainer.lifetime import ProcessId, process_start
 
 BOUND_S = 120  # how long a test waits for a process to appear or go before it fails
 
@@ -66,7 +66,7 @@ HELPER = ("import os, sys, time; sys.path.insert(0, sys.argv[1])\n{}\n"
 
 def test_a_helper_following_its_parent_exits_once_the_parent_is_killed(tmp_path):
     """The watch for helpers started from a thread that may end first (the checkpoint writer)."""
-    helper = HELPER.format("from trainer.recovery.lifetime import follow_parent\n"
+    helper = HELPER.format("from trainer.lifetime import follow_parent\n"
                            "follow_parent(os.getppid(), poll_s=0.05)")
     _kill_and_expect_gone(*_parent(tmp_path, _started(helper)))
 
@@ -75,7 +75,7 @@ def test_a_helper_whose_parent_is_gone_before_it_looks_exits_at_once():
     for call in ("follow_parent", "die_with_parent"):
         proc = subprocess.run([sys.executable, "-c",
                                f"import os, sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-                               f"from trainer.recovery.lifetime import {call}\n"
+                               f"from trainer.lifetime import {call}\n"
                                f"{call}(os.getppid() + 1_000_000)\n"
                                "time.sleep(60)\n"], timeout=BOUND_S)
         assert proc.returncode == 1, call
@@ -84,7 +84,7 @@ def test_a_helper_whose_parent_is_gone_before_it_looks_exits_at_once():
 def test_a_launchers_child_gets_the_parent_death_signal(tmp_path):
     """What the local runner and `trainer.recovery.launch` give the elastic agent they start."""
     body = ("import subprocess\n"
-            "from trainer.recovery.lifetime import child_dies_with_me\n"
+            "from trainer.lifetime import child_dies_with_me\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
             "start_new_session=True, preexec_fn=child_dies_with_me())\n"
             "open(out, 'w').write(str(child.pid))\n")
@@ -93,16 +93,16 @@ def test_a_launchers_child_gets_the_parent_death_signal(tmp_path):
 
 def test_a_command_line_worker_dies_with_the_agent_that_named_itself(tmp_path):
     """As torch elastic starts a worker: in a session of its own, from the agent's main thread."""
-    helper = HELPER.format("from trainer.recovery.lifetime import worker_dies_with_agent\n"
+    helper = HELPER.format("from trainer.lifetime import worker_dies_with_agent\n"
                            "worker_dies_with_agent()")
-    body = "from trainer.recovery.lifetime import announce_agent\nannounce_agent()\n"
+    body = "from trainer.lifetime import announce_agent\nannounce_agent()\n"
     _kill_and_expect_gone(*_parent(tmp_path, body + _started(helper)))
 
 
 def test_a_worker_whose_agent_died_before_it_started_exits_at_once(tmp_path):
     proc = subprocess.run([sys.executable, "-c",
                            f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-                           "from trainer.recovery.lifetime import worker_dies_with_agent\n"
+                           "from trainer.lifetime import worker_dies_with_agent\n"
                            "worker_dies_with_agent()\n"
                            "time.sleep(60)\n"],
                           env={**env_for(tmp_path), "NVRX_EKS_AGENT": str(os.getpid() + 1_000_000)},
@@ -146,7 +146,7 @@ def test_the_checkpoint_writer_dies_with_its_rank(tmp_path, when):
     """NVRx's persistent writer, started by `AsyncWriter`: killed while it runs, or while it is
     still starting (before any request could have told it who its rank is)."""
     wait = "time.sleep(0.5)\n" if when == "running" else ""
-    body = ("from trainer.recovery.nvrx_compat import AsyncWriter\n"
+    body = ("from trainer.nvrx_compat import AsyncWriter\n"
             "w = AsyncWriter(0)\n"
             "proc = w._ckpt._async_calls_queue.persistent_caller.process\n"
             f"{wait}"
@@ -208,7 +208,7 @@ def test_a_lease_that_names_pids_without_start_times_counts_only_its_renewal(tmp
 
 LEAVER = """
 import multiprocessing, os, sys
-from trainer.recovery.lifetime import leave
+from trainer.lifetime import leave
 queue, event = multiprocessing.get_context("spawn").Queue(), multiprocessing.get_context("spawn").Event()
 leave(0) if sys.argv[1] == "leave" else os._exit(0)
 """

@@ -64,7 +64,7 @@ def test_nothing_starts_without_the_launchers_timeout_the_store_or_a_second_node
 
 def test_the_launcher_asks_for_the_watch_only_where_the_rendezvous_cannot_find_a_silent_node(
         monkeypatch):
-    from trainer.recovery import nvrx_compat
+    from trainer import nvrx_compat
     from trainer.recovery.launch import LaunchSpec, launch_env
 
     cfg = type("Cfg", (), {"output_dir": None, "collective_timeout": lambda self, d: 60.0,
@@ -80,7 +80,7 @@ def test_the_launcher_asks_for_the_watch_only_where_the_rendezvous_cannot_find_a
 
 
 def test_the_round_a_worker_group_joined_is_read_from_either_rendezvous():
-    from trainer.recovery.nvrx_compat import joined_round
+    from trainer.nvrx_compat import joined_round
 
     c10d = type("H", (), {"_state_holder": type("S", (), {"state": type("St", (), {"round": 5})()})()})()
     barrier = type("H", (), {"round": lambda self: 7})()

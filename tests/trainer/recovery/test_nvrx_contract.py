@@ -1,4 +1,4 @@
-"""The NVRx contract (`trainer.recovery.nvrx_contract`): every private symbol the trainer wraps
+"""The NVRx contract (`trainer.nvrx_contract`): every private symbol the trainer wraps
 exists on the installed NVRx (0.4.1 in make test's main leg, the image's 0.7 in its image leg),
 and a release that lacks one, or lies outside the tested range, is refused before launch."""
 
@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from tests.jobs import ROOT
-from trainer.recovery import nvrx_compat, nvrx_contract
-from trainer.recovery.nvrx_contract import PACKAGE, PRIVATE, defined, problems
+from trainer import nvrx_compat, nvrx_contract
+from trainer.nvrx_contract import PACKAGE, PRIVATE, defined, problems
 
 RELEASE = tuple(int(x) for x in nvrx_contract.installed_version().split(".")[:2])
 
@@ -75,7 +75,7 @@ def test_the_launcher_refuses_an_untested_nvrx_with_one_line_and_exit_2(tmp_path
     simulated with a copy of NVRx's package whose store module lost the method."""
     import shutil
 
-    from trainer.recovery.nvrx_contract import _package_dir
+    from trainer.nvrx_contract import _package_dir
 
     site = tmp_path / "site"
     shutil.copytree(_package_dir(), site / PACKAGE)

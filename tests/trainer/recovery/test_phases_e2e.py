@@ -8,7 +8,7 @@ from devtools.pace import Pace
 from tests.jobs import STEPS, events, faults, faults_fired, first, ok, results, run_local, runner_error
 
 from trainer.faults.inject import POINT_FAULTS_ENV
-from trainer.recovery.phases import SLOW_PHASE_ENV
+from trainer.phases import SLOW_PHASE_ENV
 
 TIERS = ("--tiers", "memory,node", "--snapshot_interval", "1")
 # Seconds on a fast machine (`devtools.pace`): heartbeats shorter than the slow phases below,

@@ -11,7 +11,7 @@ from config import MODE_NAMES
 from devtools.local import free_port_block, tier_flags
 from tests.jobs import (INTERVAL, STEPS, events, launcher_cmd, ok, recovery_flags, results,
                         run_local, runner_flags, start, wait_for)
-from trainer.recovery.termination import SIGTERM_EXIT_CODE
+from trainer.termination import SIGTERM_EXIT_CODE
 
 
 

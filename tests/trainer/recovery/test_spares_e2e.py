@@ -16,7 +16,7 @@ import pytest
 from devtools.local import node_processes
 from tests.jobs import (events, kill_group, ok, results, run_local, start_local, stretched,
                         wait_for)
-from trainer.recovery.nvrx_compat import keeps_survivors_seats, shrinks_world
+from trainer.nvrx_compat import keeps_survivors_seats, shrinks_world
 
 # The module's tests share one job (`spares_job`): one worker of `make test` runs them all.
 pytestmark = pytest.mark.xdist_group("spares")

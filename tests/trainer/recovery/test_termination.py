@@ -1,5 +1,5 @@
 """A launcher's stop request reaches its ranks whenever it is sent, and SIGTERM still ends a rank
-at once (`trainer.recovery.termination`). Real processes and signals."""
+at once (`trainer.termination`). Real processes and signals."""
 
 import os
 import signal
@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 from tests.jobs import ROOT
-from trainer.recovery import termination
+from trainer import termination
 
 RANK = f"""
 import os, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from trainer.recovery import termination
+from trainer import termination
 print("started", flush=True)
 sys.stdin.readline()  # the test signals this process before its handler exists
 termination.install()
@@ -25,7 +25,7 @@ sys.stdin.readline()
 def _rank(held: bool) -> subprocess.Popen:
     """A rank started by an agent that holds the stop signal (or not)."""
     agent = ("import subprocess, sys\n"
-             "from trainer.recovery import termination\n"
+             "from trainer import termination\n"
              f"{'termination.hold_in_agent()' if held else ''}\n"
              "code = subprocess.call([sys.executable, '-c', sys.argv[1]])\n"
              "print('rank exit', code, flush=True)\n")

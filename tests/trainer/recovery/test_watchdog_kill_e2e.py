@@ -10,7 +10,7 @@ import signal
 from devtools.local import tier_flags
 from tests.jobs import (STEPS, events, local_cmd, ok, recovery_flags, results, run_local,
                         runner_error, runner_flags, start, wait_for)
-from trainer.recovery.phases import SLOW_PHASE_ENV
+from trainer.phases import SLOW_PHASE_ENV
 
 INTERVAL = 4
 WRITE_S = 5  # each shard's write: the frozen rank's lands long after rank 0's loop stopped

@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from config.versions import NVRX_BARRIER_RENDEZVOUS_FROM, nvrx_shrinks_world
-from trainer.recovery.lifetime import follow_parent
+from trainer.lifetime import follow_parent
 
 NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
 
@@ -418,9 +418,9 @@ def joined_round(handler) -> Optional[int]:
 
 def use_round_in_worker_env(launcher) -> None:
     """Each worker's environment names the rendezvous round its group joined
-    (`stores.RDZV_ROUND_ENV`): the agent reads it from its rendezvous handler as it starts the
+    (`config.contract.RDZV_ROUND_ENV`, read by `recovery.stores`): the agent reads it from its rendezvous handler as it starts the
     workers, and adds it to the environments it hands to `start_processes`."""
-    from trainer.recovery.stores import RDZV_ROUND_ENV
+    from config.contract import RDZV_ROUND_ENV
 
     agent = getattr(launcher, "LocalElasticAgent", None)
     start = getattr(agent, "_start_workers", None)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 import torch
 import torch.distributed as dist
 
-from trainer.loop.leftovers import Attempt
-from trainer.recovery.phases import run_here, run_phase
+from trainer.leftovers import Attempt
+from trainer.phases import run_here, run_phase
 
 if TYPE_CHECKING:
     from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
@@ -50,7 +50,9 @@ class ProcessState:
 class Hooks:
     """What a recovery layer plugs into the loop."""
 
-    store: Optional[dist.Store] = None          # in-process: the wrapper's per-attempt store
+    # Where the process group meets: in-process, the Wrapper's per-attempt store; else the
+    # run's store process (no rank hosts one); None: torch's env:// rendezvous, rank 0 hosting.
+    store: Optional[dist.Store] = None
     iteration: int = 0                           # in-process attempt number
     keepalive: list[Callable[[], None]] = field(default_factory=list)  # heartbeats, pings
     on_ready: list[Callable[[], None]] = field(default_factory=list)   # training is about to start

@@ -1,6 +1,6 @@
 """What the trainer needs of NVRx's internals, checked before anything is launched.
 
-`trainer.recovery.nvrx_compat` wraps or replaces a few private NVRx symbols where NVRx offers
+`trainer.nvrx_compat` wraps or replaces a few private NVRx symbols where NVRx offers
 no public hook (docs/recovery.md, "NVRx's private symbols", gives each one's reason and what
 NVRx would need to expose). A release that renames one would otherwise show only at the first
 fault, as a restart that silently behaves differently. So the launchers (`launch.check`, which
