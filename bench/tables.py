@@ -10,6 +10,10 @@ BENCHMARKS.md by pasting rows instead of copying figures by hand:
 - throughput, profile and checkpoint runs: median and steady step, throughput against the run
   without checkpoints, MFU, checkpoint blocking, snapshots that waited for a copy in flight;
 - floors: each measured bandwidth.
+
+With `--phases`, one column per run instead: when each stage of its restarts ended after the
+fault, min-max over the faults, and in brackets what the stage added (the restart floor's
+table). Those files may also be a run's own results.json.
 """
 
 from __future__ import annotations
@@ -27,6 +31,13 @@ RECOVERY = ("run", "machine", "steps", "param_sha256", "restarts", "exceptions (
 THROUGHPUT = ("run", "machine", "median step", "steady step", "vs no checkpoints, median / steady",
               "MFU median", "MFU loop", "training efficiency", "checkpoint blocking (mean)",
               "snapshot waits")
+
+
+# A restart's stages in order (`faults[].breakdown_seconds`), as BENCHMARKS names them.
+PHASES = (("detected", "detected"), ("restarted", "restarted: re-entered, or relaunched"),
+          ("imported", "imported"), ("pg_ready", "process group"),
+          ("model_ready", "model built and sharded"), ("buffers_ready", "buffers ready"),
+          ("loaded", "state loaded"))
 
 
 class NotResults(ValueError):
@@ -88,6 +99,50 @@ def throughput_row(name: str, machine: str, run: Run,
             str((run.get("snapshots") or {}).get("waits", "")) if run.get("snapshots") else "")
 
 
+def _span(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f} s" if values else ""
+
+
+def phase_column(faults: list[dict]) -> list[str]:
+    """Restart stages, then the first step, each as 'ended (+added)' over these faults; a
+    stage no fault stamped stays empty."""
+    stamps = [[*((f.get("breakdown_seconds") or {}).get(key) for key, _ in PHASES),
+               f["recovery_seconds"]] for f in faults]
+    cells = []
+    for i in range(len(PHASES) + 1):
+        ended = [row[i] for row in stamps if row[i] is not None]
+        added = []
+        for row in stamps:
+            before = next((v for v in reversed(row[:i]) if v is not None), None)
+            if row[i] is not None and before is not None:
+                added.append(row[i] - before)
+        cells.append(f"{_span(ended)} (+{_span(added)})" if added else _span(ended))
+    return cells
+
+
+def render_phases(paths: list[Path]) -> str:
+    """One column per run (a bench.run file's runs, or a results.json) and fault type: its
+    restart stages."""
+    columns: dict[str, list[str]] = {}
+    for path in paths:
+        data = json.loads(path.read_text()) if path.is_file() else None
+        if isinstance(data, dict) and "faults" in data:
+            runs = {path.stem.removesuffix("-results"): data}
+        else:
+            runs = {n: r for n, r in load(path)[1].items() if isinstance(r, dict)}
+        for name, run in runs.items():
+            by_type: dict[str, list[dict]] = {}
+            for f in run.get("faults", []):
+                if f.get("recovery_seconds"):
+                    by_type.setdefault(f.get("type") or "fault", []).append(f)
+            for kind, faults in by_type.items():
+                columns[f"{name}: {len(faults)} × {kind}"] = phase_column(faults)
+    header = ("stage", *columns)
+    labels = [label for _, label in PHASES] + ["first step done"]
+    return _table(header, [(label, *(col[i] for col in columns.values()))
+                           for i, label in enumerate(labels)])
+
+
 def _is_reference(name: str) -> bool:
     return name.endswith("-compiled") or name.startswith("ckpt-none-") or name.endswith("-clean")
 
@@ -122,9 +177,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tables",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", type=Path, help="JSON files written by python -m bench.run")
+    p.add_argument("--phases", action="store_true",
+                   help="each run's restart stages, min-max over its faults")
     a = p.parse_args(argv)
     try:
-        print(render(a.files))
+        print(render_phases(a.files) if a.phases else render(a.files))
     except NotResults as e:
         print(f"bench.tables: {e}", file=sys.stderr)
         return 2

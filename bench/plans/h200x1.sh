@@ -13,14 +13,18 @@
 #          device memory each in-process attempt starts from, and what of the previous one survived
 #   published the published experiment at its shape on one GPU: llama-1b, 2,000 steps, a durable
 #          checkpoint every 500, the seed-42 five-fault schedule, ft_launcher+inprocess, snapshots
-#          in the memory and node tiers at the auto cadence, staged through device memory
+#          in the memory and node tiers at the auto cadence, staged through device memory; before
+#          it, the same rank for 600 steps without snapshots or checkpoints (the reference)
 #   cadence the auto snapshot cadence's cost at batch 1, 4 and 8 (device staging, 2 MiB pages),
 #          each against the same run without snapshots; then one GPU rank through six in-process
 #          restarts with few snapshots, for the throughput of each attempt
+#   floor  the restart floor: one GPU rank of llama-1b through ten exceptions in ft_launcher, then
+#          in ft_launcher+inprocess (160 steps, deterministic, snapshots of every step in the memory
+#          and node tiers, the node directory on 2 MiB pages): each restart's phases
 #   writer the checkpoint writer on the image's NVRx with a GPU rank (told its requests hold
 #          host memory only): a tiny-model run through two exceptions, every checkpoint committed
 set -uo pipefail
-call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|published|cadence|writer}
+call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|published|cadence|floor|writer}
 export OUT=${OUT:-bench/results}
 here=$(dirname "$0")/..
 mkdir -p "$OUT"
@@ -35,11 +39,11 @@ huge_node_dir() {
   mountpoint -q /mnt/hugeshm || mount -t tmpfs -o huge=always,size=80g nvrx-huge /mnt/hugeshm
   grep -h hugeshm /proc/mounts | tee "$OUT/node-dir.txt"
 }
-# One GPU rank of llama-1b (seq 2048, batch 1) in ft_launcher+inprocess, its node tier on
-# /mnt/hugeshm: `one_gpu_rank LIMIT_S RUN_DIR TRAINER_FLAGS...`.
+# One GPU rank of llama-1b (seq 2048, batch 1) in $MODE (default ft_launcher+inprocess), its
+# node tier on /mnt/hugeshm: `one_gpu_rank LIMIT_S RUN_DIR TRAINER_FLAGS...`.
 one_gpu_rank() {
   local limit=$1 run_dir=$2; shift 2
-  timeout "$limit" python3 -m devtools.local --mode ft_launcher+inprocess --nproc_per_node 1 \
+  timeout "$limit" python3 -m devtools.local --mode "${MODE:-ft_launcher+inprocess}" --nproc_per_node 1 \
     --run_dir "$run_dir" --heartbeat_timeout 60 -- --model llama-1b --seq_len 2048 \
     --batch_size 1 --device cuda --node_dir /mnt/hugeshm --soft_timeout 5 --hard_timeout 30 \
     --barrier_timeout 120 --completion_timeout 120 --nccl_timeout 20 "$@"
@@ -84,14 +88,21 @@ case "$call" in
     grep -h '"leftovers"' /tmp/restarts/events/*.jsonl > "$OUT/restarts-leftovers.jsonl" ;;
   published)
     huge_node_dir
-    one_gpu_rank 560 /tmp/published --max_steps 2000 --checkpoint_interval 500 \
+    # the reference: the same rank without snapshots or checkpoints, 400 steps, no fault
+    one_gpu_rank 100 /tmp/reference --max_steps 400 --checkpoint_interval 0 \
+      --final_checkpoint false > "$OUT/reference.log" 2>&1
+    echo "reference run rc=$?"
+    cp /tmp/reference/results.json "$OUT/reference-results.json"
+    one_gpu_rank 470 /tmp/published --max_steps 2000 --checkpoint_interval 500 \
       --fault_count 5 --fault_seed 42 --fault_types exception,hang --fault_type_weights 0.6,0.4 \
       --fault_after_step 10 --tiers memory,node --snapshot_staging device \
       > "$OUT/published.log" 2>&1
     echo "published run rc=$?"
     cp /tmp/published/results.json "$OUT/published-results.json"
     grep -h "snapshots every\|warning" "$OUT/published.log" | head -5
-    python3 -c "import json; r = json.load(open('$OUT/published-results.json')); print({k: r.get(k) for k in ('steps_completed', 'training_goodput_pct', 'infra_goodput_pct', 'tokens_per_second', 'snapshot_cadence', 'device_memory')}); print([(f['step'], f['type'], round(f['recovery_seconds'] or -1, 2), f['steps_lost'], f['restored_from'], f['device_memory']) for f in r['faults']])" ;;
+    python3 -c "import json; r = json.load(open('$OUT/published-results.json')); print({k: r.get(k) for k in ('steps_completed', 'training_goodput_pct', 'infra_goodput_pct', 'tokens_per_second', 'snapshot_cadence', 'device_memory')}); print([(f['step'], f['type'], round(f['recovery_seconds'] or -1, 2), f['steps_lost'], f['restored_from'], f['device_memory']) for f in r['faults']])"
+    python3 -c "import json; r, p = (json.load(open(f'$OUT/{n}-results.json')) for n in ('reference', 'published')); print('median step', r['step_time_seconds'], 'without snapshots,', p['step_time_seconds'], 'with; throughput', round(100 * r['loop_step_seconds'] / p['loop_step_seconds'], 1), '% of the reference (loop step with stalls)')"
+    tar -czf "$OUT/events.tar.gz" -C /tmp published/events reference/events ;;
   cadence)
     huge_node_dir
     for b in 1 4 8; do
@@ -106,6 +117,19 @@ case "$call" in
       --tiers memory,node --snapshot_interval 50 > "$OUT/attempts.log" 2>&1
     echo "attempts run rc=$?"
     grep -o "step  *[0-9]*/300 .*tok/s" "$OUT/attempts.log" | awk '{print $2, $(NF-1)}' | tr '\n' ' ' ;;
+  floor)
+    huge_node_dir
+    for mode in ft_launcher ft_launcher+inprocess; do
+      name=floor-${mode/+/-}
+      MODE=$mode one_gpu_rank 270 /tmp/$name --max_steps 160 --checkpoint_interval 40 \
+        --fault_count 10 --fault_seed 7 --fault_types exception --fault_after_step 10 \
+        --tiers memory,node --snapshot_interval 1 --deterministic true > "$OUT/$name.log" 2>&1
+      echo "$mode run rc=$?"
+      cp /tmp/$name/results.json "$OUT/$name-results.json"
+      python3 -m bench.tables --phases "$OUT/$name-results.json"
+    done
+    tar -czf "$OUT/logs.tar.gz" -C /tmp --exclude='*/checkpoints' --exclude='*/nodes' \
+      floor-ft_launcher floor-ft_launcher-inprocess ;;
   writer)
     timeout 300 python3 -m devtools.local --mode ft_launcher --nproc_per_node 1 --run_dir /tmp/w \
       -- --model tiny --device cuda --max_steps 40 --checkpoint_interval 10 \
@@ -114,5 +138,5 @@ case "$call" in
     cp /tmp/w/results.json "$OUT/writer-results.json"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$OUT/writer.log" 2>&1
     python3 -c "import json; r = json.load(open('$OUT/writer-results.json')); print({k: r.get(k) for k in ('steps_completed', 'restarts', 'checkpoint', 'param_sha256')})" ;;
-  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, published, cadence, writer" >&2; exit 2 ;;
+  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, published, cadence, floor, writer" >&2; exit 2 ;;
 esac

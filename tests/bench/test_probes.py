@@ -61,6 +61,28 @@ def test_tables_turn_a_results_file_into_rows_and_refuse_other_files(tmp_path, c
     assert "not a bench.run result file" in capsys.readouterr().err
 
 
+def test_phases_table_gives_each_stage_min_max_and_what_it_added_per_fault_type(tmp_path, capsys):
+    from bench import tables
+
+    def fault(kind, recovery, **stamps):
+        return {"type": kind, "recovery_seconds": recovery, "breakdown_seconds": stamps}
+
+    run = {"faults": [fault("exception", 4.2, detected=1.4, restarted=1.5, pg_ready=2.9, loaded=3.4),
+                      fault("exception", 5.0, detected=1.7, restarted=1.8, pg_ready=3.4, loaded=4.0),
+                      fault("hang", 17.0, restarted=14.4, loaded=16.5),
+                      {"type": "exception", "recovery_seconds": None}]}  # not resumed: left out
+    path = tmp_path / "floor-results.json"  # a run's own results.json
+    path.write_text(json.dumps(run))
+    assert tables.main(["--phases", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| stage | floor: 2 × exception | floor: 1 × hang |" in out
+    assert "| detected | 1.40-1.70 s | |" in out.replace("|  |", "| |")
+    assert "| process group | 2.90-3.40 s (+1.40-1.60 s) |" in out
+    # a stage a fault did not stamp: what it added counts from the last stage it did
+    assert "| state loaded | 3.40-4.00 s (+0.50-0.60 s) | 16.50-16.50 s (+2.10-2.10 s) |" in out
+    assert "| first step done | 4.20-5.00 s (+0.80-1.00 s) | 17.00-17.00 s (+0.50-0.50 s) |" in out
+
+
 def test_hugepages_refuses_a_directory_that_cannot_hold_the_slots(tmp_path, capsys):
     from bench import hugepages
 
