@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 
 KEEPALIVE_S = 0.25
 T = TypeVar("T")
+
+
+class Stateful(Protocol):
+    """A part of the run whose state a checkpoint carries, as JSON-able values
+    (`loop.state`): the loop's own parts, and what a layer plugs in through `Hooks.stateful`."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 @dataclass
@@ -56,8 +65,8 @@ class Hooks:
     iteration: int = 0                           # in-process attempt number
     keepalive: list[Callable[[], None]] = field(default_factory=list)  # heartbeats, pings
     on_ready: list[Callable[[], None]] = field(default_factory=list)   # training is about to start
-    meta: dict[str, Callable[[], dict]] = field(default_factory=dict)  # saved with checkpoints
-    on_restore: dict[str, Callable[[dict], None]] = field(default_factory=dict)
+    # a layer's own state, saved with every checkpoint and loaded on resume (`loop.state`)
+    stateful: dict[str, Stateful] = field(default_factory=dict)
     process: ProcessState = field(default_factory=ProcessState)
     steps_done: int = 0                          # training steps this attempt queued
     _last_alive: float = 0.0

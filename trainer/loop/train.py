@@ -6,7 +6,6 @@ restart the process), so it keeps no state between calls except what it is hande
 
 from __future__ import annotations
 
-import base64
 import math
 import time
 from dataclasses import dataclass
@@ -31,11 +30,13 @@ from trainer.loop.determinism import make_deterministic
 from trainer.distributed import DistEnv, init_process_group
 from trainer.hooks import Hooks
 from trainer.leftovers import Attempt, memory_now, start_clean
-from trainer.telemetry.metrics import StepReadback, StepRecord, Throughput, Window, device_name, peak_flops
+from trainer.telemetry.metrics import (StepReadback, StepRecord, Throughput, Window, device_name,
+                                      peak_flops)
 from trainer.loop.parallel import build_sharded_model
 from trainer.loop.precision import Precision
 from trainer.loop.precision import choose as choose_precision
 from trainer.loop.profiling import StepProfiler, profile_line
+from trainer.loop.state import RngState, TrainState, load_state, save_state
 from trainer.loop.weights import initialize_weights, param_fingerprint
 from trainer import termination
 from trainer.phases import join_interrupted
@@ -71,23 +72,6 @@ def wait_for_device(device: torch.device, done: Optional["torch.cuda.Event"] = N
         done.record()
     while not done.query():
         time.sleep(0.0002)
-
-
-def rng_state(device: torch.device) -> dict:
-    """Generator states as text, so they fit a JSON snapshot header as well as a checkpoint."""
-    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
-    if device.type == "cuda":
-        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state(device).numpy().tobytes()).decode()
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    def decode(text: str) -> torch.Tensor:
-        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-    torch.set_rng_state(decode(state["torch"]))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(decode(state["cuda"]), device)
 
 
 class Rank0Log:
@@ -237,7 +221,7 @@ def run(cfg: TrainConfig, env: DistEnv, events: EventLog, hooks: Optional[Hooks]
     attempt.track(model=built.model, optimizer=built.optimizer, loop=loop)
     for fn in hooks.on_ready:
         fn()
-    events.emit("train_start", step=loop.step, iteration=hooks.iteration,
+    events.emit("train_start", step=loop.train_state.step, iteration=hooks.iteration,
                 max_steps=cfg.max_steps, tokens_per_step=loop.tokens_per_step)
     loop.train()
     summary = hooks.phase("final", loop.finish, cfg.checkpoint_timeout + cfg.startup_timeout,
@@ -257,17 +241,19 @@ class Loop:
         self.data, self.model, self.optimizer = built.data, built.model, built.optimizer
         self.tiers, self.faults, self.precision = built.tiers, built.faults, built.precision
         self.sampler = GlobalSampler(len(self.data), cfg.seed)
-        self.step, self.last_loss = 0, 0.0
+        self.rng = RngState(env.device)
+        self.train_state = TrainState(
+            global_batch=cfg.global_batch_size or cfg.batch_size * env.world_size)
         self.stopping = False  # a rank was asked to stop: stop after this step (`termination`)
-        self.global_batch = cfg.global_batch_size or cfg.batch_size * env.world_size
         if built.meta is not None:
             self._resume(built.meta)
         elif cfg.checkpoint_dir:
             log(f"no checkpoint in {cfg.checkpoint_dir}: starting from step 0")
+        st = self.train_state
         # The global batch is what the optimizer sees; it survives any change of world size.
-        self.accum = accumulation_steps(self.global_batch, cfg.batch_size, env.world_size) \
-            if self.step < cfg.max_steps else 1
-        self.tokens_per_step = self.global_batch * cfg.seq_len
+        self.accum = accumulation_steps(st.global_batch, cfg.batch_size, env.world_size) \
+            if st.step < cfg.max_steps else 1
+        self.tokens_per_step = st.global_batch * cfg.seq_len
         self.perf = Throughput(flops_per_token(built.model_config, cfg.seq_len),
                                peak_flops(env.device), self.tokens_per_step, env.world_size,
                                device_name(env.device))
@@ -281,42 +267,37 @@ class Loop:
 
             hooks.process.telemetry = Telemetry(cfg, env)
         self.telemetry = hooks.process.telemetry
-        self.telemetry.begin(self.step)
-        self.tiers.begin(self.step)
+        self.telemetry.begin(st.step)
+        self.tiers.begin(st.step)
 
     def _resume(self, meta: dict) -> None:
-        cfg = self.cfg
-        self.step, self.last_loss = int(meta["step"]), float(meta.get("loss", 0.0))
-        saved_batch = int(meta.get("global_batch_size") or self.global_batch)
-        if cfg.global_batch_size and saved_batch != cfg.global_batch_size:
+        cfg, st = self.cfg, self.train_state
+        load_state(meta, st, required={"sampler": self.sampler, "rng": self.rng},
+                   optional=self.hooks.stateful)
+        if cfg.global_batch_size and st.global_batch != cfg.global_batch_size:
             self.log(f"--global_batch_size {cfg.global_batch_size} replaces the checkpoint's "
-                     f"{saved_batch}")
-        self.global_batch = cfg.global_batch_size or saved_batch
-        self.sampler.load_state_dict(meta["sampler"])
-        set_rng_state(meta["rng"], self.env.device)
-        for key, fn in self.hooks.on_restore.items():
-            if key in meta:
-                fn(meta[key])
+                     f"{st.global_batch}")
+        st.global_batch = cfg.global_batch_size or st.global_batch
 
     def train(self) -> None:
         """Steps to max_steps, each reported one step later, when its figures are on the host."""
-        cfg, hooks = self.cfg, self.hooks
-        while self.step < cfg.max_steps and not self.stopping:
-            self.faults.at_step(self.step + 1)
-            self.profiler.before(self.step + 1)
+        cfg, hooks, st = self.cfg, self.hooks, self.train_state
+        while st.step < cfg.max_steps and not self.stopping:
+            self.faults.at_step(st.step + 1)
+            self.profiler.before(st.step + 1)
             if hooks.steps_done == 0:  # lazy kernel, allocator and compile set-up: bounded
                 rec = hooks.phase_here("first_step", self.one_step, cfg.startup_timeout)
             else:
                 rec = self.one_step()
-            self.step += 1
-            if (profile := self.profiler.after(self.step)) is not None:
+            st.step += 1
+            if (profile := self.profiler.after(st.step)) is not None:
                 self.log(profile_line(profile, self.profiler.out_dir))
             hooks.steps_done += 1
             hooks.alive()
-            if self.tiers.saves_durably(self.step):  # only verified steps reach the durable tier
+            if self.tiers.saves_durably(st.step):  # only verified steps reach the durable tier
                 for pending in self.readback.wait_all():
                     self.verify(pending)
-            rec.stall, rec.snapshot_s = self.tiers.after_step(self.step, self.model,
+            rec.stall, rec.snapshot_s = self.tiers.after_step(st.step, self.model,
                                                               self.optimizer, self.meta)
             for done in self.readback.ready():  # on a GPU: the previous step, while this one runs
                 self.report(done)
@@ -325,7 +306,8 @@ class Loop:
 
     def one_step(self) -> StepRecord:
         cfg, env = self.cfg, self.env
-        rec = self.readback.begin(self.step + 1, lr_at(self.step, cfg))
+        step = self.train_state.step
+        rec = self.readback.begin(step + 1, lr_at(step, cfg))
         micro = []
         for _ in range(self.accum):
             indices = self.sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
@@ -344,7 +326,7 @@ class Loop:
 
     def report(self, rec: StepRecord) -> None:
         self.verify(rec)
-        self.last_loss = rec.loss
+        self.train_state.loss = rec.loss
         if rec.stop_requests and not self.stopping:  # every rank reads the same step's count
             self.stopping = True
             self.events.emit("stop_requested", step=rec.step, ranks=rec.stop_requests,
@@ -364,13 +346,10 @@ class Loop:
             self.window.reset(time.perf_counter())
 
     def meta(self, at_step: int) -> dict:
-        """Everything besides tensors that a resume needs; JSON-able (snapshot headers are
-        JSON). The loss is the newest one on the host (on a GPU, one step older than the state)."""
-        meta = {"step": at_step, "sampler": self.sampler.state_dict(),
-                "rng": rng_state(self.env.device), "loss": self.last_loss,
-                "global_batch_size": self.global_batch, "saved_at": time.time()}
-        meta.update({key: fn() for key, fn in self.hooks.meta.items()})
-        return meta
+        """Everything besides tensors that a resume needs (`loop.state`); JSON-able (snapshot
+        headers are JSON)."""
+        return save_state(self.train_state, at_step,
+                          {"sampler": self.sampler, "rng": self.rng, **self.hooks.stateful})
 
     def finish(self) -> dict:
         """The final checkpoint and this rank's summary. The fingerprint's all-reduce comes
@@ -379,11 +358,12 @@ class Loop:
         if self.stopping:
             return self.finish_stopped()
         param_sha256 = param_fingerprint(self.model)
-        self.tiers.finish(self.step, self.model, self.optimizer, self.meta)
+        st = self.train_state
+        self.tiers.finish(st.step, self.model, self.optimizer, self.meta)
         self.faults.close()
-        return {"steps_completed": self.step, "final_loss": self.last_loss,
+        return {"steps_completed": st.step, "final_loss": st.loss,
                 "param_sha256": param_sha256, "compute_dtype": self.precision.name,
-                "global_batch_size": self.global_batch,
+                "global_batch_size": st.global_batch,
                 "accumulation_steps": self.accum, "device_memory": memory_now(self.env.device),
                 **self.perf.summary(), **self.tiers.stats()}
 
@@ -391,18 +371,18 @@ class Loop:
         """Asked to stop: commit this step if it is newer than the last checkpoint and every
         rank expects the write to fit in the grace left (`termination`); no hash, no final
         figures. Returns what the stop kept, for the exit line."""
-        cfg, tiers = self.cfg, self.tiers
+        cfg, tiers, step = self.cfg, self.tiers, self.train_state.step
         t0 = time.perf_counter()
-        need = tiers.seconds_to_save(self.step)
+        need = tiers.seconds_to_save(step)
         save = need is not None and termination.time_allows(need, cfg.termination_grace,
                                                             self.env.device)
-        tiers.finish(self.step, self.model, self.optimizer, self.meta, save=save)
+        tiers.finish(step, self.model, self.optimizer, self.meta, save=save)
         latest = tiers.checkpoints.store.latest_step() if tiers.checkpoints is not None else None
-        self.events.emit("stopped", step=self.step, committed=latest, wrote=save,
+        self.events.emit("stopped", step=step, committed=latest, wrote=save,
                          need_s=need, seconds=time.perf_counter() - t0)
         if not termination.requested():
             raise termination.PeerTerminating(
                 f"another rank was asked to stop (SIGTERM); stopped with it at step "
-                f"{self.step}, newest checkpoint: step {latest}")
-        return {"steps_completed": self.step, "stopped": True, "committed_step": latest,
+                f"{step}, newest checkpoint: step {latest}")
+        return {"steps_completed": step, "stopped": True, "committed_step": latest,
                 "need_s": need, "wrote": save}

@@ -21,8 +21,7 @@ def attach_heartbeat(hooks: Hooks, events: EventLog) -> None:
     events.emit("ft_client_ready")
     hooks.on_ready.append(client.send_heartbeat)
     hooks.keepalive.append(client.send_heartbeat)
-    hooks.meta["ft_client"] = client.state_dict
-    hooks.on_restore["ft_client"] = client.load_state_dict
+    hooks.stateful["ft_client"] = client
     hooks.process.ft_client = client
 
 

@@ -7,7 +7,7 @@ def test_attempt_hooks_share_callbacks_and_process_state_but_not_counters():
     pings: list[str] = []
     base = Hooks(keepalive=[lambda: pings.append("heartbeat")])
     base.on_ready.append(lambda: None)
-    base.meta["client"] = dict
+    base.stateful["client"] = object()
     base.process.leased = True
     base.steps_done = 7
 
@@ -18,7 +18,7 @@ def test_attempt_hooks_share_callbacks_and_process_state_but_not_counters():
     assert (first.iteration, second.iteration, second.steps_done) == (1, 2, 0)
     assert second.process is base.process and isinstance(second.process, ProcessState)
     assert second.process.leased
-    assert second.on_ready is base.on_ready and second.meta is base.meta
+    assert second.on_ready is base.on_ready and second.stateful is base.stateful
     assert len(base.keepalive) == 1  # an attempt's ping never leaks into the next attempt
     second.alive()
     assert pings == ["heartbeat", "ping2"]
