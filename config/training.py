@@ -8,7 +8,7 @@ the recovery mode, the device) are marked `pod`: a profile cannot set them.
 
 Checks here are pure: they need no file, no torch and no network, so they run at synth time as
 well as in the pod. What only the machine that trains can know (the data, the checkpoint
-directory, a model directory) is checked there (`trainer.config.check_environment`).
+directory, a model directory) is checked there (`trainer.preflight.check_environment`).
 """
 
 from __future__ import annotations

@@ -533,12 +533,12 @@ def _terminate_on_sigterm() -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args, rest = parse(sys.argv[1:] if argv is None else argv)
     _terminate_on_sigterm()
-    from trainer.config import parse_args
+    from trainer.preflight import parse_and_check
 
     run_dir = Path(args.run_dir or f"runs/{args.mode.replace('+', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     trainer_args = _trainer_args(args, rest, run_dir)
-    cfg = parse_args([*trainer_args, "--mode", args.mode], prog="python -m devtools.local",
-                     sample_data=True)
+    cfg = parse_and_check([*trainer_args, "--mode", args.mode], prog="python -m devtools.local",
+                          sample_data=True)
     if args.heartbeat_timeout is None:
         args.heartbeat_timeout = default_heartbeat_timeout(args.mode, cfg.hard_timeout)
     check(node_spec(args, 0, 0, 0), cfg, "python -m devtools.local")

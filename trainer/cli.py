@@ -8,7 +8,8 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from trainer.config import TrainConfig, check_environment, parse_args
+from trainer.config import TrainConfig, parse_args
+from trainer.preflight import check_environment
 from trainer.errors import ConfigError, FinalError
 from trainer.recovery.forkserver import forked_worker
 from trainer.recovery.launch import record_final_error
@@ -124,7 +125,7 @@ def final_exit(exc: Exception, rank: int) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    cfg = parse_args(argv, environment=False)
+    cfg = parse_args(argv)
     try:  # checked before launch too; here once more, in case the files changed since
         check_environment(cfg)
     except ConfigError as exc:

@@ -13,7 +13,7 @@ WATCHDOG_ENV = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ENABLE_MONITORING
 
 
 def _cfg(mode: str, *flags: str):
-    return parse_args(["--mode", mode, "--device", "cpu", *flags], environment=False)
+    return parse_args(["--mode", mode, "--device", "cpu", *flags])
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def test_a_slower_machine_stretches_every_bound_in_proportion():
 @pytest.mark.parametrize("step_s", (0.1, 0.9, 7.3))
 def test_the_bounds_are_valid_trainer_and_runner_settings_at_any_pace(mode, step_s):
     p = Pace(step_s)
-    cfg = parse_args(["--mode", mode, "--device", "cpu", *p.recovery_flags()], environment=False)
+    cfg = parse_args(["--mode", mode, "--device", "cpu", *p.recovery_flags()])
     flags = p.runner_flags(mode)
     if "--heartbeat_timeout" in flags:
         check(LaunchSpec(mode, 1, 2, 0, "127.0.0.1", heartbeat_timeout=_flag(flags, "--heartbeat_timeout")),

@@ -67,7 +67,7 @@ def test_pod_environment_and_launcher_environment_agree(synthesis) -> None:
 
     args = [a.replace(f"$({naming.COMPLETION_INDEX_ENV})", "0") for a in synthesis.trainer["args"]]
     spec, trainer_args = parse(args)
-    cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)
+    cfg = parse_args([*trainer_args, "--mode", spec.mode])
     pod = {name: e["value"] for name, e in synthesis.env.items() if "value" in e}
     local = launch_env(spec, cfg, base={})
 

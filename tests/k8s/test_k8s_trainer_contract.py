@@ -31,7 +31,7 @@ def test_launcher_and_trainer_accept_the_job_args(synthesis) -> None:
         assert (spec.min_nodes, spec.spare_nodes) == (dep.profile.shrink_floor, dep.profile.spare_nodes)
         assert spec.external_store is True
     assert spec.max_restarts == commands.restarts_for(dep)
-    cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)  # FSx is not here
+    cfg = parse_args([*trainer_args, "--mode", spec.mode])  # FSx is not here
     assert cfg.checkpoint_dir == dep.checkpoint_dir
     assert cfg.results_path == dep.results_path
     assert cfg == dep.train and cfg.device == "cuda"
@@ -54,7 +54,7 @@ def test_the_pods_open_the_ports_the_launcher_and_its_ranks_use(synthesis) -> No
     spec, trainer_args = parse([a.replace(f"$({naming.COMPLETION_INDEX_ENV})", "0")
                                 for a in synthesis.trainer["args"]])
     assert spec.metrics_port == contract.METRICS_PORT
-    cfg = parse_args([*trainer_args, "--mode", spec.mode], environment=False)
+    cfg = parse_args([*trainer_args, "--mode", spec.mode])
     assert contract.inprocess_ports(launch_env(spec, cfg, base={})) == \
         (naming.INPROCESS_WRAPPER_PORT, naming.INPROCESS_APP_PORT)
     # a rank started without our launcher follows MASTER_PORT

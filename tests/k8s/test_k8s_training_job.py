@@ -175,7 +175,7 @@ def test_trainer_flags_follow_the_profile(synthesis) -> None:
     assert dep.data_dir.startswith(f"{dep.profile.storage.mount_path}/data/")
     trainer_args = synthesis.trainer["args"][synthesis.trainer["args"].index("--") + 1:]
     # Every setting reaches the pod: what the trainer parses there is the profile's, whole.
-    assert parse_args([*trainer_args, "--mode", dep.mode], environment=False) == dep.train
+    assert parse_args([*trainer_args, "--mode", dep.mode]) == dep.train
     assert dep.train.model_dump(exclude=set(pod_owned())) == t.model_dump()
 
 

@@ -93,7 +93,7 @@ def test_bad_flags_are_one_line_and_exit_2(flags, message, capsys):
     from trainer.config import parse_args
 
     with pytest.raises(SystemExit) as exited:
-        parse_args([*flags], environment=False)
+        parse_args([*flags])
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 2 and message in line, line
 
@@ -170,7 +170,8 @@ def test_data_shorter_than_one_sample_is_refused_before_launch_everywhere(entry,
 
 def test_the_bundled_corpus_shorter_than_one_sample_is_refused_before_launch(tmp_path,
                                                                              monkeypatch):
-    from trainer.config import check_environment, from_values
+    from trainer.config import from_values
+    from trainer.preflight import check_environment
     from trainer.loop.data import default_data_path
 
     monkeypatch.setenv("NVRX_EKS_CACHE", str(tmp_path))

@@ -115,8 +115,7 @@ def test_heartbeat_timeout_below_the_hard_timeout_is_refused_only_with_both_laye
     from trainer.recovery.launch import LaunchSpec, check
 
     for mode, (*_, refused) in PER_MODE.items():
-        cfg = parse_args(["--mode", mode, "--device", "cpu", "--hard_timeout", "100"],
-                         environment=False)
+        cfg = parse_args(["--mode", mode, "--device", "cpu", "--hard_timeout", "100"])
         spec = LaunchSpec(mode, 1, 2, 0, "127.0.0.1", heartbeat_timeout=50)
         if refused:
             with pytest.raises(SystemExit) as exc:

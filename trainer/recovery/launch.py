@@ -540,10 +540,10 @@ def record_final_error(message: str) -> bool:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     spec, trainer_args = parse(sys.argv[1:] if argv is None else argv)
-    from trainer.config import parse_args
+    from trainer.preflight import parse_and_check
 
-    cfg = parse_args([*trainer_args, "--mode", spec.mode], prog="python -m trainer.recovery.launch",
-                     sample_data=True)
+    cfg = parse_and_check([*trainer_args, "--mode", spec.mode],
+                          prog="python -m trainer.recovery.launch", sample_data=True)
     check(spec, cfg)  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     env, workdir = launch_env(spec, cfg), Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))

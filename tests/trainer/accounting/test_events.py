@@ -193,8 +193,7 @@ def test_rank_0_writes_results_from_a_damaged_log(tmp_path, capsys):
     from trainer.config import parse_args
 
     _damaged_run(tmp_path)
-    cfg = parse_args(["--max_steps", "2", "--results_path", str(tmp_path / "results.json")],
-                     environment=False)
+    cfg = parse_args(["--max_steps", "2", "--results_path", str(tmp_path / "results.json")])
     write_results(cfg, {"param_sha256": "0" * 64, "steps_completed": 2})
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["steps_completed"] == 2 and results["event_log"]["unreadable_lines"] == 1
