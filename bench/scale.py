@@ -321,7 +321,7 @@ def op_commit(work: Path, world: int, rank: int) -> dict:
     publishes, and any other rank waits for rank 0's key. Only rank 0's work grows with N,
     once per checkpoint."""
     from trainer.durable.landing import Landings
-    from trainer.durable.manager import Pending
+    from trainer.durable.commit import Pending
 
     ckpt = work / "ckpt"
     save_shard(ckpt, world, 0, 10)
@@ -335,7 +335,7 @@ def op_commit(work: Path, world: int, rank: int) -> dict:
         landings = Landings.join(rank)
         landings.add_landed(10)  # what its writer process does once its marker is durable
         if rank == 0:
-            mgr._uncommitted.append(Pending(10, world, landings))  # as `save` queues it
+            mgr._rank0_committer()._uncommitted.append(Pending(10, world, landings))  # as `save`
             mgr.poll()  # the counter is complete: the markers are read, the commit published
             mgr.finish()  # waits for that publish
         else:
@@ -348,7 +348,7 @@ def op_commit_watch(work: Path, world: int, rank: int) -> dict:
     """Rank 0's look, once per training step, at a checkpoint not every rank has written yet:
     one counter in the store, none of the markers."""
     from trainer.durable.landing import Landings
-    from trainer.durable.manager import Pending
+    from trainer.durable.commit import Pending
 
     ckpt = work / "ckpt"
     save_shard(ckpt, world, 0, 10)
@@ -358,9 +358,9 @@ def op_commit_watch(work: Path, world: int, rank: int) -> dict:
     with counting(tally, world, rank, {"store": store}):
         landings = Landings.join(rank)
         landings.add_landed(10)
-        mgr._uncommitted.append(Pending(10, world, landings))
+        mgr._rank0_committer()._uncommitted.append(Pending(10, world, landings))
         mgr.poll()
-    assert mgr._uncommitted and not (ckpt / "latest").exists()
+    assert mgr._rank0_committer()._uncommitted and not (ckpt / "latest").exists()
     return tally.to_json()
 
 
