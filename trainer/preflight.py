@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
@@ -32,8 +33,6 @@ def parse_and_check(argv: Sequence[str], prog: str, sample_data: bool = False) -
 
 
 def _refuse(prog: str, message: str) -> NoReturn:
-    import sys
-
     sys.stderr.write(f"{prog}: error: {message}\n")
     sys.exit(2)
 
