@@ -9,8 +9,8 @@ llama-1b rank's two alternating slots and the durable writer's):
 - the device-to-host copy into a registered slot;
 - a restart: one process touches the slots and exits, a second maps and registers them;
 - that second process's exit (`os._exit`, as a failed rank leaves) until it is reaped, with its
-  slots registered and, for comparison, without registering them; both hold `--device_gib` of
-  device memory, as a rank does.
+  slots registered, without registering them, and after unregistering them on a thread each;
+  all hold `--device_gib` of device memory, as a rank does.
 
     mount -t tmpfs -o huge=always,size=40g tmpfs /mnt/hugeshm
     python -m bench.hugepages --dirs /dev/shm,/mnt/hugeshm --out bench/results
@@ -74,10 +74,20 @@ if action == "fresh":
     print(json.dumps(out), flush=True)
     sys.exit(0)
 out["map_s"] = time.perf_counter() - t0
-if action == "restart":
+if action in ("restart", "unregister"):
     t0 = time.perf_counter()
     register(bufs)
     out["register_s"] = time.perf_counter() - t0
+if action == "unregister":  # the slots unregistered on a thread each before the exit
+    import threading
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=torch.cuda.cudart().cudaHostUnregister,
+                                args=(t.data_ptr(),)) for t in bufs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    out["unregister_s"] = time.perf_counter() - t0
 torch.cuda.synchronize()
 out["exit_t"] = time.time()
 print(json.dumps(out), flush=True)
@@ -119,6 +129,7 @@ def measure(root: Path, nbytes: int, device_gib: float) -> dict:
         _process("touch", root, nbytes, device_gib)
         res["restart"] = _process("restart", root, nbytes, device_gib)
         res["exit_unregistered"] = _process("exit", root, nbytes, device_gib)
+        res["unregister_then_exit"] = _process("unregister", root, nbytes, device_gib)
     finally:
         for i in range(SLOTS):
             (root / f"hugepages-probe.{i}.buf").unlink(missing_ok=True)
@@ -168,7 +179,9 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{rec['fresh']['register_s']:.2f} s fresh / {rec['restart']['register_s']:.2f} s "
               f"after a restart, copy {rec['fresh']['d2h_GBps']:.1f} GB/s, exit "
               f"{rec['restart']['exit_to_reaped_s']:.2f} s registered / "
-              f"{rec['exit_unregistered']['exit_to_reaped_s']:.2f} s not", flush=True)
+              f"{rec['exit_unregistered']['exit_to_reaped_s']:.2f} s not; unregistered on "
+              f"{SLOTS} threads {rec['unregister_then_exit']['unregister_s']:.2f} s, then exit "
+              f"{rec['unregister_then_exit']['exit_to_reaped_s']:.2f} s", flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "hugepages.json").write_text(json.dumps(results, indent=1))
     return 0

@@ -34,7 +34,10 @@ THROUGHPUT = ("run", "machine", "median step", "steady step", "vs no checkpoints
 
 
 # A restart's stages in order (`faults[].breakdown_seconds`), as BENCHMARKS names them.
-PHASES = (("detected", "detected"), ("restarted", "restarted: re-entered, or relaunched"),
+PHASES = (("detected", "detected"), ("left", "the failed worker's way out done"),
+          ("aborted", "process group aborted"), ("handed_over", "restart taken up"),
+          ("health_checked", "health checked"),
+          ("restarted", "restarted: re-entered, or relaunched"),
           ("imported", "imported"), ("pg_ready", "process group"),
           ("model_ready", "model built and sharded"), ("buffers_ready", "buffers ready"),
           ("loaded", "state loaded"))

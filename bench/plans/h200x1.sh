@@ -21,10 +21,12 @@
 #   floor  the restart floor: one GPU rank of llama-1b through ten exceptions in ft_launcher, then
 #          in ft_launcher+inprocess (160 steps, deterministic, snapshots of every step in the memory
 #          and node tiers, the node directory on 2 MiB pages): each restart's phases
+#   probe  what NCCL's init and abort cost (bench.nccl_costs), pinning and exit at llama-1b's slot
+#          size (bench.hugepages), then `floor` at 60 steps and four exceptions
 #   writer the checkpoint writer on the image's NVRx with a GPU rank (told its requests hold
 #          host memory only): a tiny-model run through two exceptions, every checkpoint committed
 set -uo pipefail
-call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|published|cadence|floor|writer}
+call=${1:?usage: bench/plans/h200x1.sh paths|nodes|restarts|published|cadence|floor|probe|writer}
 export OUT=${OUT:-bench/results}
 here=$(dirname "$0")/..
 mkdir -p "$OUT"
@@ -117,12 +119,19 @@ case "$call" in
       --tiers memory,node --snapshot_interval 50 > "$OUT/attempts.log" 2>&1
     echo "attempts run rc=$?"
     grep -o "step  *[0-9]*/300 .*tok/s" "$OUT/attempts.log" | awk '{print $2, $(NF-1)}' | tr '\n' ' ' ;;
+  probe)
+    huge_node_dir
+    timeout 200 python3 -m bench.nccl_costs --dir /mnt/hugeshm --slot_gb 14.8 --repeat 2 \
+      --out "$OUT" > "$OUT/nccl-costs.log" 2>&1; echo "nccl costs rc=$?"; cat "$OUT/nccl-costs.log"
+    timeout 150 python3 -m bench.hugepages --dirs /mnt/hugeshm --slot_gb 14.8 --out "$OUT" \
+      > "$OUT/hugepages.log" 2>&1; echo "hugepages rc=$?"; cat "$OUT/hugepages.log"
+    STEPS=60 FAULTS=4 bash "$0" floor ;;
   floor)
     huge_node_dir
     for mode in ft_launcher ft_launcher+inprocess; do
       name=floor-${mode/+/-}
-      MODE=$mode one_gpu_rank 270 /tmp/$name --max_steps 160 --checkpoint_interval 40 \
-        --fault_count 10 --fault_seed 7 --fault_types exception --fault_after_step 10 \
+      MODE=$mode one_gpu_rank 270 /tmp/$name --max_steps "${STEPS:-160}" --checkpoint_interval 40 \
+        --fault_count "${FAULTS:-10}" --fault_seed 7 --fault_types exception --fault_after_step 10 \
         --tiers memory,node --snapshot_interval 1 --deterministic true > "$OUT/$name.log" 2>&1
       echo "$mode run rc=$?"
       cp /tmp/$name/results.json "$OUT/$name-results.json"
@@ -138,5 +147,5 @@ case "$call" in
     cp /tmp/w/results.json "$OUT/writer-results.json"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$OUT/writer.log" 2>&1
     python3 -c "import json; r = json.load(open('$OUT/writer-results.json')); print({k: r.get(k) for k in ('steps_completed', 'restarts', 'checkpoint', 'param_sha256')})" ;;
-  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, published, cadence, floor, writer" >&2; exit 2 ;;
+  *) echo "bench/plans/h200x1.sh: unknown run $call: paths, nodes, restarts, published, cadence, floor, probe, writer" >&2; exit 2 ;;
 esac

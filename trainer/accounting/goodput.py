@@ -47,7 +47,11 @@ from typing import Any, Iterable, Optional
 from trainer.accounting.events import Detection
 
 # Events after a failure, in the order a recovery passes through them.
-_PHASES = (("restarted", ("launch", "attempt_start")),
+# A failed worker's own way out (ft_launcher); NVRx's abort of the process group, the main
+# thread taking up the restart and the restart health check (in-process); then both.
+_PHASES = (("left", ("leaving",)), ("aborted", ("pg_aborted",)), ("handed_over", ("handover",)),
+           ("health_checked", ("health_check",)),
+           ("restarted", ("launch", "attempt_start")),
            ("imported", ("imported",)),
            ("pg_ready", ("pg_ready",)),
            ("model_ready", ("model_ready",)),

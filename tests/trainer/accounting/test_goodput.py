@@ -15,6 +15,8 @@ def test_one_fault_timeline():
            for s in range(1, 7)]  # steps 1..6, 1 s each; step 3 checkpoints
     ev += [_ev(5.0, "ckpt_save", step=3, blocking_s=0.5, bytes=100)]
     ev += [_ev(8.5, "fault", 1, step=7, type="exception"), _ev(9.5, "abort"),
+           _ev(9.6, "pg_aborted", seconds=0.1), _ev(9.8, "handover"),
+           _ev(9.9, "health_check", which="restart_health_check"),
            _ev(10.0, "attempt_start", iteration=1), _ev(10.5, "pg_ready"), _ev(11.0, "ckpt_load", step=3, tier="durable"),
            _ev(11.0, "train_start", step=3)]
     ev += [_ev(11.0 + (s - 3), "step", step=s, dt=1.0) for s in range(4, 11)]  # replay 4..6, then 7..10
@@ -27,9 +29,11 @@ def test_one_fault_timeline():
     (f,) = r["faults"]
     assert f["steps_lost"] == 3  # steps 4, 5, 6 were trained twice
     assert f["recovery_seconds"] == pytest.approx(12.0 - 8.5)
-    assert f["breakdown_seconds"] == {"detected": 1.0, "restarted": 1.5, "imported": None,
+    assert f["breakdown_seconds"] == pytest.approx({
+        "detected": 1.0, "left": None, "aborted": 1.1, "handed_over": 1.3, "health_checked": 1.4,
+        "restarted": 1.5, "imported": None,
                                       "pg_ready": 2.0, "model_ready": None, "buffers_ready": None,
-                                      "loaded": 2.5}
+        "loaded": 2.5})
     assert f["restored_from"] == "durable"
     assert r["infra_goodput_pct"] == pytest.approx(100 * (18 - 2.5) / 18)
     # 13 steps of 1 s and one in-loop save that blocked 0.5 s
