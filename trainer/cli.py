@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Optional, Sequence
@@ -44,7 +45,7 @@ def write_results(cfg: TrainConfig, summary: dict) -> dict:
     return results
 
 
-def exit_now(hooks, rank: Optional[int] = None) -> None:
+def exit_now(hooks, events, rank: Optional[int] = None) -> None:
     """End a failed rank at once, so the launcher restarts the workers in seconds; with its
     `rank`, tell the peers to leave too (`failfast`), so that their exits overlap this one.
 
@@ -52,7 +53,8 @@ def exit_now(hooks, rank: Optional[int] = None) -> None:
     collective for this one: it blocks until the launcher's heartbeat timeout or the collective
     timeout kills them. Nothing an orderly exit does is needed for a correct restart: snapshot
     copies that have landed are committed first, a checkpoint being written never becomes
-    visible, and the background writer dies with its parent.
+    visible, and the background writer dies with its parent. The `leaving` stamp splits a
+    relaunch's detection into this rank's own way out and its process's teardown.
     """
     from trainer.tiers import Tiers
 
@@ -60,7 +62,9 @@ def exit_now(hooks, rank: Optional[int] = None) -> None:
         from trainer.recovery import failfast
 
         failfast.announce(rank)
+    t0 = time.perf_counter()
     Tiers.abandon(hooks.process)
+    events.emit("leaving", abandon_s=round(time.perf_counter() - t0, 4))
     leave(1)
 
 
@@ -71,7 +75,7 @@ def _leave_with_failed_peers(hooks, rank: int, events) -> None:
     def leave(failed: int) -> None:
         if failed != rank:
             events.emit("peer_failed", failed_rank=failed)
-            exit_now(hooks)
+            exit_now(hooks, events)
 
     failfast.watch(leave)
 
@@ -89,7 +93,7 @@ def _watch_neighbour_node(hooks, env, events) -> None:
         events.emit("node_silent", node=node, ranks=ranks, silent_s=round(seconds, 2))
         print(f"rank {env.rank}: node {node} of this round has been silent for {seconds:.1f} s; "
               "leaving so that the launcher restarts without it", file=sys.stderr, flush=True)
-        exit_now(hooks, ranks[0])  # the peers leave too, told which rank failed
+        exit_now(hooks, events, ranks[0])  # the peers leave too, told which rank failed
 
     nodewatch.start(env.node_rank, env.world_size // env.local_world_size, silent)
 
@@ -181,7 +185,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"rank {env.rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         traceback.print_exc()
         if not cfg.inprocess:  # the launcher restarts the workers: leave now, see exit_now
-            exit_now(hooks, env.rank)
+            exit_now(hooks, events, env.rank)
         return 1
     except BaseException as exc:  # NVRx's RestartAbort: in-process restarts ended the job
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -201,6 +205,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Tiers.release(hooks.process, failed)
         if hooks.process.telemetry is not None:
             hooks.process.telemetry.close()
+        if cfg.inprocess:  # the groups of failed attempts, still shutting down
+            from trainer.recovery.abort import join_pending
+
+            join_pending(cfg.collective_timeout(env.device.type))
         if dist.is_initialized():
             dist.destroy_process_group()
     if summary.get("stopped"):  # no results.json: the run is not over, the next one resumes it

@@ -72,6 +72,34 @@ class RecordAbort:
         return Record()
 
 
+def timed_abort(events: EventLog):
+    """The Wrapper's abort of the process groups (`recovery.abort`: the registry emptied at once,
+    the groups aborted and shut down on a thread of their own), stamped twice: `pg_aborted` when
+    the restart may go on, `pg_abort_done` with what the aborts took in the background; and a
+    finalize that stamps when the main thread takes up the restart (after the monitor thread
+    hands over). Between the Wrapper's decision (`abort`) and its restart health check, these
+    split what an in-process restart spends inside NVRx."""
+    from nvidia_resiliency_ext.inprocess.abort import Abort
+    from nvidia_resiliency_ext.inprocess.finalize import Finalize
+
+    from trainer.recovery.abort import abort_process_groups
+
+    class BackgroundAbort(Abort):
+        def __call__(self, state):
+            iteration = state.iteration
+            abort_process_groups(done=lambda s: events.emit(
+                "pg_abort_done", iteration=iteration, seconds=round(s, 4)))
+            events.emit("pg_aborted", iteration=iteration)
+            return state
+
+    class Handover(Finalize):
+        def __call__(self, state):
+            events.emit("handover", iteration=state.iteration)
+            return state
+
+    return BackgroundAbort(), Handover()
+
+
 class ExternalWrapperStore(torch.distributed.PrefixStore, StoreMixin):
     """The Wrapper's store in the run's store process (`--external_store`): a client, so no rank
     hosts it and none is critical to it (NVRx's TCPStore makes rank 0 host it, and its loss
@@ -151,8 +179,6 @@ def _hold_nvml() -> None:
 
 def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: RecordAbort):
     import nvidia_resiliency_ext.inprocess as inprocess
-    from nvidia_resiliency_ext.inprocess.abort import AbortTorchDistributed
-
     checks = [inprocess.health_check.FaultCounter(max_rank_faults=cfg.inprocess_max_restarts)]
     if env.device.type == "cuda":
         checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=timedelta(seconds=30)))
@@ -162,11 +188,13 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: Re
     min_world = cfg.min_world_size or env.world_size
     record_watchdog_kills(events, cfg.soft_timeout, cfg.hard_timeout)
     store_factory, store_kwargs = wrapper_store(wrapper_port, cfg.barrier_timeout)
+    abort, handover = timed_abort(events)
     wrapper = inprocess.Wrapper(
         store_factory=store_factory, store_kwargs=store_kwargs,
         initialize=inprocess.initialize.RetryController(
             max_iterations=cfg.inprocess_max_restarts + 1, min_world_size=min_world),
-        abort=inprocess.Compose(AbortTorchDistributed(), recorder.abort()),
+        abort=inprocess.Compose(abort, recorder.abort()),  # the recorder first
+        finalize=handover,
         health_check=health,
         rank_assignment=inprocess.Compose(inprocess.rank_assignment.ActivateAllRanks(),
                                           inprocess.rank_assignment.ShiftRanks()),
