@@ -209,9 +209,41 @@ class HostBuffer:
             self.flat.fill_(0)
         self.views = layout.views(self.flat)
         self._pinned = False
+        self._pinning: Optional[threading.Thread] = None  # a later pin (`pin_later`) running
         self.pin_s = 0.0  # what cudaHostRegister took (0: not pinned, or by a warming thread)
         if pin:
             self._pin()
+
+    @classmethod
+    def pin_later(cls, bufs: Sequence["HostBuffer"]) -> None:
+        """Pin `bufs` one after another on a background thread. A relaunched worker pins the
+        slot it restores from before its first step and the others after it: pinning gigabytes
+        beside NCCL's start doubled the process group's time (bench.nccl_costs)."""
+        todo = [b for b in bufs if not b._pinned and b._pinning is None]
+        if not todo:
+            return
+        device = _current_device()
+
+        def run() -> None:
+            if device is not None:
+                torch.cuda.set_device(device)
+            for buf in todo:
+                try:
+                    buf._pin()
+                except RuntimeError:  # left unpinned: copies into it still work, slower
+                    pass
+                finally:
+                    buf._pinning = None
+
+        thread = threading.Thread(target=run, daemon=True, name="buffer-pin")
+        for buf in todo:
+            buf._pinning = thread
+        thread.start()
+
+    @property
+    def pin_pending(self) -> bool:
+        """Whether a later pin of this buffer is still running: a copy into it would wait."""
+        return self._pinning is not None
 
     def _pin(self) -> None:
         if self._pinned:
@@ -252,6 +284,9 @@ class HostBuffer:
                 del HostBuffer._open[self.path]
         if self.flat is None:
             return
+        pinning = self._pinning
+        if pinning is not None and pinning is not threading.current_thread():
+            pinning.join()  # unregistered after, never during, its registration
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self.flat.data_ptr())
             self._pinned = False

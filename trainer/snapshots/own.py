@@ -63,6 +63,7 @@ class OwnSlots:
         self._copies: "queue.Queue[Optional[tuple[Slot, tuple]]]" = queue.Queue()
         self._committer: Optional[threading.Thread] = None
         self.stats = {"count": 0, "blocking_seconds": 0.0, "skipped": 0, "waits": 0}
+        self._pin_after_first_step: list[HostBuffer] = []
 
     # -- buffers -----------------------------------------------------------------------------
     def allocate(self, layout: Layout) -> None:
@@ -80,7 +81,10 @@ class OwnSlots:
         self._check_space(need)
         pin = self.device.type == "cuda"
         files = [own_files(self.root, self.rank, i) for i in range(own_slots(self.peer, self.durable))]
-        bufs = HostBuffer.open_all([buf for buf, _ in files], layout, pin)
+        # A predecessor's slots (a relaunch): only the newest snapshot's is pinned before the
+        # restore; the others after the first step (`take`), not beside NCCL's start.
+        left = all(f.is_file() and f.stat().st_size >= layout.total_bytes for f, _ in files)
+        bufs = HostBuffer.open_all([buf for buf, _ in files], layout, pin and not left)
         self.slots = [Slot(buf, header) for buf, (_, header) in zip(bufs, files)]
         for slot in self.slots:  # adopt what a previous process of this rank left (node tier)
             h = read_json(slot.header)
@@ -88,6 +92,10 @@ class OwnSlots:
                 slot.step, slot.meta = h["step"], h["meta"]
             else:
                 slot.invalidate()
+        if pin and left:
+            newest = self.newest() or self.slots[0]
+            HostBuffer.open(newest.buffer.path, layout, pin=True)
+            self._pin_after_first_step = [s.buffer for s in self.slots if s is not newest]
 
     def _check_space(self, need: int) -> None:
         """The slots of every rank on this node must fit the node directory: a memory file
@@ -130,7 +138,8 @@ class OwnSlots:
         """A slot to overwrite. The newest complete snapshot only while a pinned slot still holds
         an older complete one: a crash during the copy must leave some snapshot to resume from."""
         newest = self.newest()
-        free = [s for s in self.slots if s.pins == 0 and s.pending is None]
+        free = [s for s in self.slots
+                if s.pins == 0 and s.pending is None and not s.buffer.pin_pending]
         others = [s for s in free if s is not newest]
         if others:
             return others[0]
@@ -142,6 +151,9 @@ class OwnSlots:
         t0 = time.perf_counter()
         layout = Layout.of(tensors)
         self.allocate(layout)
+        if self._pin_after_first_step:
+            HostBuffer.pin_later(self._pin_after_first_step)
+            self._pin_after_first_step = []
         slot = self.free_slot()
         in_flight = any(s.pending is not None for s in self.slots)
         if slot is None and not in_flight:  # every slot is being read: skip, recovery uses what exists

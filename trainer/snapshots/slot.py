@@ -118,12 +118,13 @@ class Slot:
 
 
 def warm_slots(root: Path, rank: int, pin: bool) -> None:
-    """A restarted process: map and pin the slots its predecessor left, newest snapshot first,
-    in the background while the process group and the model are built (HostBuffer.warm)."""
+    """A restarted process: map and pin the slot of its predecessor's newest snapshot, the one
+    it restores from, in the background while the process group and the model are built
+    (HostBuffer.warm); the other slots are pinned after the first step (`OwnSlots.take`)."""
     found = [(f, read_json(header_of(f))) for f in buffers(root, f"{own_prefix(rank)}slot")]
     layouts = [Layout.from_json(h["layout"]) for _, h in found if h and "layout" in h]
     if not layouts:
         return
     found = [(f, h) for f, h in found if f.stat().st_size >= layouts[0].total_bytes]
     found.sort(key=lambda fh: fh[1].get("step", -1) if fh[1] else -1, reverse=True)
-    HostBuffer.warm([(f, layouts[0]) for f, _ in found], pin)
+    HostBuffer.warm([(f, layouts[0]) for f, _ in found[:1]], pin)

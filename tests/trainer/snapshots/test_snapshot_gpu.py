@@ -124,3 +124,32 @@ def test_captures_queued_back_to_back_through_one_device_stage_each_land_whole(n
         staged_part = {n: v for n, v in buf.views.items() if n in stage.views}
         assert staged_part and all(bool((v == step).all()) for v in staged_part.values())
         buf.close(delete=True)
+
+
+def test_a_relaunch_pins_the_slot_it_restores_from_first_and_the_others_after_a_snapshot(node_dir):
+    """A relaunched worker finds its predecessor's slots: only the newest snapshot's is pinned
+    before the restore; the others are pinned in the background once snapshots start, and no
+    snapshot is copied into a slot meanwhile being pinned."""
+    first = _snapshotter(node_dir, 0.0)
+    for step in (1, 2):
+        first.own.take(step, _state(float(step)), {"step": step})
+        first.own.poll(wait=True)
+    first.close(delete=False)
+    again = _snapshotter(node_dir, 0.0)
+    state = _state(3.0)
+    again.own.allocate(Layout.of(state))
+    newest = again.own.newest()
+    others = [s for s in again.own.slots if s is not newest]
+    assert newest.step == 2 and newest.buffer._pinned and _holds(newest, 2.0)
+    assert others and not any(s.buffer._pinned for s in others)
+    for step in range(3, 8):
+        _optimizer(state, float(step))
+        slot = again.own.take(step, state, {"step": step})
+        assert slot is None or not slot.buffer.pin_pending
+        again.own.poll(wait=True)
+        assert again.own.newest().step == step and _holds(again.own.newest(), float(step))
+    deadline = time.monotonic() + 60
+    while any(s.buffer.pin_pending for s in others) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(s.buffer._pinned for s in again.own.slots)
+    again.close(delete=True)

@@ -1,6 +1,9 @@
 """Snapshot slots: the newest complete snapshot is never the one being overwritten, also while a
 durable checkpoint is being written from another slot for many steps."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -58,6 +61,28 @@ def test_the_newest_snapshot_is_never_the_free_slot_while_the_other_copy_is_in_f
     snap.close(delete=True)
 
 
+def test_a_slot_being_pinned_in_the_background_is_never_the_free_slot(tmp_path, monkeypatch):
+    """A relaunched worker pins its other slots after the first snapshot (`pin_later`): until a
+    slot's registration is done, no copy goes into it; a newest snapshot is overwritten instead,
+    while an older complete one stays."""
+    snap = _snapshotter(tmp_path, durable=True)
+    for step in (1, 2):
+        snap.own.take(step, _state(step), {"step": step})
+    newest = snap.own.newest()
+    release = threading.Event()
+    monkeypatch.setattr(HostBuffer, "_pin", lambda self: release.wait(30))
+    later = [s.buffer for s in snap.own.slots if s is not newest]
+    HostBuffer.pin_later(later)
+    assert all(b.pin_pending for b in later)
+    assert snap.own.free_slot() is newest  # step 1 stays complete in its slot meanwhile
+    release.set()
+    deadline = time.monotonic() + 30
+    while any(b.pin_pending for b in later) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert snap.own.free_slot() is not newest
+    snap.close(delete=True)
+
+
 def test_memory_rule_counts_the_writer_slot_and_the_peer_slots():
     shard = 1000
     assert own_slots(peer=False, durable=False) == 2
@@ -77,8 +102,9 @@ def test_slots_larger_than_the_node_directory_are_a_clear_error_before_any_file(
 
 
 def test_a_restarted_process_gets_the_slots_its_predecessor_left_mapped_in_the_background(tmp_path):
-    """warm_slots maps (and on a GPU pins) the previous process's slots before the model exists;
-    the new snapshotter's allocate then reuses those very buffers, contents and headers intact."""
+    """warm_slots maps (and on a GPU pins) the slot of the previous process's newest snapshot
+    before the model exists; the new snapshotter's allocate then reuses that very buffer and
+    maps the others, contents and headers intact."""
     first = _snapshotter(tmp_path, durable=True)
     for step in (1, 2, 3):
         first.own.take(step, _state(step), {"step": step})
@@ -90,13 +116,14 @@ def test_a_restarted_process_gets_the_slots_its_predecessor_left_mapped_in_the_b
     assert len(threads) == 1
     threads.pop().join(timeout=30)
     warmed = HostBuffer.opened(tmp_path)
-    assert len(warmed) == 3
+    assert len(warmed) == 1
 
     second = _snapshotter(tmp_path, durable=True)
     second.own.allocate(Layout.of(_state(0)))
-    assert {id(s.buffer) for s in second.own.slots} == {id(b) for b in warmed.values()}
+    assert {id(b) for b in warmed.values()} == {id(second.own.newest().buffer)}
     assert not HostBuffer.warming(tmp_path)
     assert second.own.newest().step == 3 and float(second.own.newest().buffer.views["w"][0]) == 3
+    assert sorted(s.step for s in second.own.slots) == [-1, 2, 3]
     second.close(delete=True)
 
 
