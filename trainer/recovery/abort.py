@@ -69,14 +69,16 @@ def abort_process_groups(done: Optional[Callable[[float], None]] = None,
     def run() -> None:
         t0 = time.perf_counter()
         aborts = [threading.Thread(target=b.abort, name="nccl-abort-comm") for b in nccl]
-        for t in aborts:  # in parallel, as NVRx does: aborts of several groups never wait in turn
-            t.start()
-        for t in aborts:
-            t.join()
-        for g in groups:
-            g.shutdown()
-        if done is not None:
-            done(time.perf_counter() - t0)
+        try:
+            for t in aborts:  # in parallel, as NVRx does: aborts of several groups never wait in turn
+                t.start()
+            for t in aborts:
+                t.join()
+            for g in groups:
+                g.shutdown()
+        finally:  # a group that fails to shut down is given up with the attempt that made it
+            if done is not None:
+                done(time.perf_counter() - t0)
 
     thread = threading.Thread(target=run, name="nccl-abort", daemon=True)
     _pending.append(thread)

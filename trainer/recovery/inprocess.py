@@ -72,7 +72,7 @@ class RecordAbort:
         return Record()
 
 
-def timed_abort(events: EventLog):
+def abort_and_handover(events: EventLog):
     """The Wrapper's abort of the process groups (`recovery.abort`: the registry emptied at once,
     the groups aborted and shut down on a thread of their own), stamped twice: `pg_aborted` when
     the restart may go on, `pg_abort_done` with what the aborts took in the background; and a
@@ -188,7 +188,7 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: Re
     min_world = cfg.min_world_size or env.world_size
     record_watchdog_kills(events, cfg.soft_timeout, cfg.hard_timeout)
     store_factory, store_kwargs = wrapper_store(wrapper_port, cfg.barrier_timeout)
-    abort, handover = timed_abort(events)
+    abort, handover = abort_and_handover(events)
     wrapper = inprocess.Wrapper(
         store_factory=store_factory, store_kwargs=store_kwargs,
         initialize=inprocess.initialize.RetryController(
