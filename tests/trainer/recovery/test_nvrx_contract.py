@@ -93,3 +93,13 @@ def test_the_launcher_refuses_an_untested_nvrx_with_one_line_and_exit_2(tmp_path
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "inprocess.store:StoreMixin.get_interruption_records" in lines[0]
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_the_gpu_memory_poll_flag_is_passed_exactly_where_ft_launcher_has_it():
+    """`_reclaims_gpu_memory` decides by the version, so that launchers never import torch; the
+    installed NVRx's own config says whether the flag exists."""
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+
+    from trainer.nvrx_compat import _reclaims_gpu_memory
+
+    assert _reclaims_gpu_memory() == hasattr(FaultToleranceConfig, "gpu_memory_poll_interval")
