@@ -1,8 +1,10 @@
-"""ft_launcher whose workers are forked from a process that has already imported the trainer.
+"""A node's elastic agent whose workers are forked from a process that has already imported
+the trainer: ft_launcher here (`main`), torchrun in `trainer.recovery.torchrun`.
 
 A fresh interpreter spends seconds on imports (torch with its distributed packages, then
-transformers: about 9 s on an H200 host, BENCHMARKS.md), on every restart. ft_launcher can start
-its workers as functions (`--run-path`) through multiprocessing's fork server: one process per
+transformers: about 9 s on an H200 host, BENCHMARKS.md), on every restart. ft_launcher and
+torchrun can start their workers as functions (`--run-path`) through multiprocessing's fork
+server (`--start-method=forkserver`): one process per
 node imports `PRELOAD` once, and each worker of each restart is forked from it with those modules
 in place. The fork server never initializes CUDA (a forked CUDA context is unusable), and none of
 these modules does on import; every worker sets up its own device. Each worker leads its own
@@ -23,7 +25,9 @@ import logging
 import multiprocessing
 import os
 import sys
+from multiprocessing.context import BaseContext
 from pathlib import Path
+from typing import Optional
 
 from trainer.faults.node_loss import NODE_LEADER_ENV
 from trainer.lifetime import announce_agent
@@ -56,6 +60,26 @@ def forked_worker() -> bool:
     return multiprocessing.parent_process() is not None
 
 
+def sibling_context() -> Optional[BaseContext]:
+    """In a worker the node's fork server forked: a multiprocessing context whose processes that
+    same server forks, with its imports in place (the checkpoint writer: 1.5-2.5 s less than a
+    fresh interpreter, at every start of a rank). None in any other process.
+
+    A forked worker knows the server by its socket and alive-pipe, which multiprocessing sets in
+    every child of the server, but not by pid, so multiprocessing would start a server of its
+    own; this worker's check is the resource tracker's alone (`tests/.../test_forkserver.py`
+    fails if Python changes these private names)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    server = forkserver._forkserver
+    if not forked_worker() or server._forkserver_address is None \
+            or server._forkserver_alive_fd is None:
+        return None
+    if server._forkserver_pid is None:  # not this process's own server
+        server.ensure_running = resource_tracker.ensure_running
+    return multiprocessing.get_context("forkserver")
+
+
 def plain_elastic_logs() -> None:
     """Give the launcher's torchelastic records a plain formatter. torch's own imports
     torch._dynamo the first time it formats a record with a traceback, and in the launcher that
@@ -78,7 +102,9 @@ def warm() -> None:
     forkserver.ensure_running()
 
 
-def main() -> None:
+def start_agent() -> None:
+    """What a node's agent does before anything else: name itself to its workers, hold the stop
+    signal for them, and start the fork server they will be forked from."""
     announce_agent()  # before the fork server starts: it inherits the environment...
     hold_in_agent()  # ...and the signal mask
     os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
@@ -86,6 +112,10 @@ def main() -> None:
     plain_elastic_logs()
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     warm()
+
+
+def main() -> None:
+    start_agent()
     from trainer.recovery.launcher_events import record_ft_launcher_detections
     from trainer.nvrx_compat import ft_launcher_main
 

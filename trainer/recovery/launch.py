@@ -39,6 +39,7 @@ import contextlib
 import ctypes
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -170,25 +171,29 @@ def rendezvous_problem(a: argparse.Namespace) -> Optional[str]:
 
 def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     """argv for this node's launcher; the trainer gets `--mode` from the spec."""
+    from trainer.recovery.forkserver import launcher_args
+
+    # Either agent forks its workers from a process that has imported the trainer.
+    return [*agent_command(spec), *launcher_args(), "--mode", spec.mode, *trainer_args]
+
+
+def agent_command(spec: LaunchSpec) -> list[str]:
+    """argv of this node's elastic agent, up to its workers' entry point."""
     py = sys.executable
     if RecoveryMode(spec.mode).uses_ft_launcher:
-        from trainer.recovery.forkserver import launcher_args
         from trainer.nvrx_compat import ft_launcher_flags
 
-        # ft_launcher, with workers forked from a process that has imported the trainer
-        launcher = [py, "-m", "trainer.recovery.forkserver", *rendezvous_flags(spec),
-                    f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
-                    *ft_launcher_flags(spec.max_restarts, spec.heartbeat_timeout,
-                                       spec.initial_heartbeat_timeout, spec.monitor_interval)]
-        return [*launcher, *launcher_args(), "--mode", spec.mode, *trainer_args]
+        return [py, "-m", "trainer.recovery.forkserver", *rendezvous_flags(spec),
+                f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
+                *ft_launcher_flags(spec.max_restarts, spec.heartbeat_timeout,
+                                   spec.initial_heartbeat_timeout, spec.monitor_interval)]
     # baseline and in-process alone: a process death ends the job; the Job (or the local
     # supervisor) restarts everything, like the published Kubernetes baseline.
-    launcher = [py, "-m", "trainer.recovery.torchrun", f"--nnodes={spec.nnodes}",
-                f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
-                f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
-                f"--rdzv-conf={rdzv_conf(spec)}",
-                "--max-restarts=0", f"--monitor-interval={min(spec.monitor_interval, 1.0):g}"]
-    return [*launcher, "-m", "trainer", "--mode", spec.mode, *trainer_args]
+    return [py, "-m", "trainer.recovery.torchrun", f"--nnodes={spec.nnodes}",
+            f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
+            f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
+            f"--rdzv-conf={rdzv_conf(spec)}",
+            "--max-restarts=0", f"--monitor-interval={min(spec.monitor_interval, 1.0):g}"]
 
 
 def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
@@ -370,7 +375,10 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
     (`finished` is asked every END_POLL_S while it has none): otherwise the Job would count a
     failed pod, retry it, and end Failed after training had completed, or never complete.
     """
-    final = (workdir or Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))) / "final-error"
+    if workdir is None:  # a folder of its own, gone with the run
+        with tempfile.TemporaryDirectory(prefix="nvrx-eks-launch-") as own:
+            return supervise(cmd, env, Path(own), grace_s, finished)
+    final = workdir / "final-error"
     become_subreaper()
     # a `node` fault takes this process, the pod's PID 1, and all it started
     proc = subprocess.Popen(cmd, env={NODE_LEADER_ENV: str(os.getpid()), **env,
@@ -547,15 +555,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check(spec, cfg)  # bad flags: exit 2 here
     cmd = build_command(spec, trainer_args)
     env, workdir = launch_env(spec, cfg), Path(tempfile.mkdtemp(prefix="nvrx-eks-launch-"))
-    if spec.metrics_port:
-        try:
-            serve_metrics(spec.metrics_port, workdir, env)
-        except OSError as exc:
-            print(f"python -m trainer.recovery.launch: error: --metrics_port {spec.metrics_port}: "
-                  f"{exc.strerror or exc}", file=sys.stderr)
-            return 2
-    print("launch:", " ".join(cmd), flush=True)
-    return supervise(cmd, env, workdir, cfg.termination_grace, finished=lambda: run_end(cfg))
+    try:
+        if spec.metrics_port:
+            try:
+                serve_metrics(spec.metrics_port, workdir, env)
+            except OSError as exc:
+                print(f"python -m trainer.recovery.launch: error: --metrics_port "
+                      f"{spec.metrics_port}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+        print("launch:", " ".join(cmd), flush=True)
+        return supervise(cmd, env, workdir, cfg.termination_grace, finished=lambda: run_end(cfg))
+    finally:  # the workers' final-error file and the metrics files: nothing outlives the run
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,15 @@
-"""torchrun, in a process that names itself to its workers (`lifetime.announce_agent`), so each
-command-line worker dies with it (`lifetime.worker_dies_with_agent`), and that holds the stop
-signal blocked for them (`termination.hold_in_agent`).
+"""torchrun as a node's agent (`forkserver.start_agent`): it names itself to its workers, holds
+the stop signal blocked for them (`termination.hold_in_agent`), and forks them from a process
+that has imported the trainer, as ft_launcher's agent does (`trainer.recovery.forkserver`).
 
-    python -m trainer.recovery.torchrun <torchrun flags> -m trainer <trainer flags>
+    python -m trainer.recovery.torchrun <torchrun flags> --run-path --start-method=forkserver \\
+        <trainer/__main__.py> <trainer flags>
 """
 
-import os
-
-from trainer.faults.node_loss import NODE_LEADER_ENV
-from trainer.lifetime import announce_agent
-from trainer.termination import hold_in_agent
+from trainer.recovery.forkserver import start_agent
 
 if __name__ == "__main__":
-    announce_agent()
-    hold_in_agent()
-    os.environ.setdefault(NODE_LEADER_ENV, str(os.getpid()))  # a `node` fault takes the node
+    start_agent()
     from torch.distributed.run import main
 
     main()

@@ -154,6 +154,57 @@ def test_the_checkpoint_writer_dies_with_its_rank(tmp_path, when):
     _kill_and_expect_gone(*_parent(tmp_path, body))
 
 
+def test_a_forked_ranks_checkpoint_writer_is_forked_by_the_same_server_and_dies_with_the_rank(
+        tmp_path):
+    """Under a launcher the node's fork server forks the writer too (`sibling_context`, which
+    leans on multiprocessing's private names: this fails if Python changes them): its parent is
+    that server, no second server starts, and it still ends with its rank."""
+    body = ("import multiprocessing\n"
+            "from multiprocessing import forkserver\n"
+            "def rank(path):\n"
+            "    from trainer.nvrx_compat import AsyncWriter\n"
+            "    w = AsyncWriter(0)\n"
+            "    proc = w._ckpt._async_calls_queue.persistent_caller.process\n"
+            "    open(path, 'w').write(f'{os.getpid()} {proc.pid}')\n"
+            "    time.sleep(600)\n"
+            "if __name__ == '__main__':\n"
+            "    ctx = multiprocessing.get_context('forkserver')\n"
+            "    ctx.set_forkserver_preload(['trainer.recovery.worker_groups', 'trainer.nvrx_compat'])\n"
+            "    p = ctx.Process(target=rank, args=(out + '.rank',))\n"
+            "    p.start()\n"
+            "    while not os.path.exists(out + '.rank') or not open(out + '.rank').read():\n"
+            "        time.sleep(0.05)\n"
+            "    open(out, 'w').write(str(forkserver._forkserver._forkserver_pid) + ' ' + "
+            "open(out + '.rank').read())\n")
+    script = tmp_path / "server.py"
+    script.write_text(f"import os, sys, time; sys.path.insert(0, {str(ROOT)!r}); "
+                      f"out = {str(tmp_path / 'pids')!r}\n{body}    time.sleep(600)\n")
+    launcher = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env_for(tmp_path))
+    pids = tmp_path / "pids"
+    try:
+        _wait(lambda: pids.exists() and len(pids.read_text().split()) == 3, "no writer")
+        server, rank, writer = (int(p) for p in pids.read_text().split())
+        assert _parent_of(writer) == server
+        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+        assert [int(c) for c in children if _alive(int(c)) and _name(int(c)) != "resource_tracker"] \
+            == [server]  # no second fork server
+        os.kill(rank, signal.SIGKILL)
+        _wait(lambda: not _alive(writer), "the writer outlived its rank")
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _name(pid: int) -> str:
+    """What a process runs, told apart by its command line (multiprocessing's helpers run `-c`)."""
+    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return "resource_tracker" if "resource_tracker" in cmd else cmd
+
+
 def test_a_process_id_never_names_a_recycled_pid_or_a_zombie():
     me = ProcessId.current()
     assert me.alive() and ProcessId.of(os.getpid()) == me

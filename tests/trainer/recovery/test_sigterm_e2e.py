@@ -3,7 +3,10 @@ state within the grace period and exit, the launcher exits 143, and the next run
 that state and ends with the uninterrupted run's parameters. Real processes, every mode."""
 
 import random
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -17,9 +20,13 @@ from trainer.termination import SIGTERM_EXIT_CODE
 
 def terminated_run(cache_dir, mode: str, run_dir, *args: str) -> tuple[int, int, str]:
     """The pods' launcher, sent SIGTERM once rank 0 has reported a seeded step between two
-    checkpoints; returns (the step reported then, the last step reported, the log)."""
+    checkpoints; returns (the step reported then, the last step reported, the log). The
+    launcher's own temporary folder is gone once it has exited."""
     at = random.Random(f"sigterm/{mode}").randint(INTERVAL + 1, STEPS - 3)
-    job = start(launcher_cmd(mode, run_dir, free_port_block(), *args), cache_dir, run_dir)
+    # short: multiprocessing puts its sockets' paths in here too
+    scratch = Path(tempfile.mkdtemp(prefix="nvrx-eks-t"))
+    job = start(launcher_cmd(mode, run_dir, free_port_block(), *args), cache_dir, run_dir,
+                {"TMPDIR": str(scratch)})
     wait_for(lambda: max(steps(run_dir), default=0) >= at or job.poll() is not None,
              what=f"step {at}")
     signalled_at = max(steps(run_dir), default=0)
@@ -28,6 +35,8 @@ def terminated_run(cache_dir, mode: str, run_dir, *args: str) -> tuple[int, int,
     log = (run_dir / "test-output.log").read_text()
     assert code == SIGTERM_EXIT_CODE, log[-3000:]
     assert not (run_dir / "results.json").exists()  # the run is not over
+    assert not list(scratch.glob("nvrx-eks-launch-*"))
+    shutil.rmtree(scratch, ignore_errors=True)
     return signalled_at, max(steps(run_dir)), log
 
 
