@@ -50,15 +50,20 @@ def _under(path: Path, top: Path) -> bool:
     return path == top or top in path.parents
 
 
+def _outermost(paths: list[Path], top: Path) -> list[Path]:
+    """The `paths` under `top` that lie inside no other of them: one mount covers each."""
+    return [p for p in paths if _under(p, top) and not any(q != p and _under(p, q) for q in paths)]
+
+
 def pod_script(checkout: Path, job: list[str], stage: Path) -> str:
     """The shell script that makes this mount namespace look like a pod, then runs `job` from
     `checkout`: / read-only, a fresh tmpfs at the scratch mount. The checkout and the
     interpreter stay visible (read-only) where they are, also under the scratch mount (a clone
-    in /tmp): each is bound to `stage` first, then moved into the tmpfs at its own path."""
-    scratch = Path(SCRATCH_MOUNT)
+    in /tmp): each is bound to `stage` first, then moved into the tmpfs at its own path. Under
+    /dev/shm, which stays writable as in a pod, each is bound read-only onto itself (a clone in
+    /dev/shm), so a write into the checkout still fails the job."""
     needed = sorted({checkout, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()})
-    kept = [p for p in needed if _under(p, scratch) and not any(
-        q != p and _under(p, q) for q in needed)]
+    kept = _outermost(needed, Path(SCRATCH_MOUNT))
     q = shlex.quote
     lines = ["set -eu", "mount --make-rprivate /"]
     for i, path in enumerate(kept):
@@ -67,6 +72,8 @@ def pod_script(checkout: Path, job: list[str], stage: Path) -> str:
     for i, path in enumerate(kept):
         lines += [f"mkdir -p {q(str(path))}", f"mount --move {q(str(stage / str(i)))} {q(str(path))}",
                   f"mount -o remount,bind,ro {q(str(path))}"]
+    for path in _outermost(needed, SHM):
+        lines += [f"mount --bind {q(str(path))} {q(str(path))}", f"mount -o remount,bind,ro {q(str(path))}"]
     lines += ["mount -o remount,bind,ro /",
               "if touch /.nvrx-eks-probe 2>/dev/null; then echo 'root is writable' >&2; exit 97; fi",
               f"cd {q(str(checkout))}", "exec " + shlex.join(job)]
@@ -78,12 +85,14 @@ def run_in_pod_namespace(script: str, env: dict) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_the_checkout_stays_visible_when_it_lives_under_the_scratch_mount():
-    """A clone in /tmp (the scratch mount): the tmpfs over /tmp must not hide it. The clone is
-    played by this checkout bound onto a directory under /tmp inside the namespace."""
+@pytest.mark.parametrize("top", [SCRATCH_MOUNT, str(SHM)])
+def test_the_checkout_stays_visible_and_read_only_under_a_writable_mount(top: str) -> None:
+    """A clone in /tmp (the scratch mount): the tmpfs over /tmp must not hide it. A clone in
+    /dev/shm (writable in a pod too) must still be read-only. The clone is played by this
+    checkout bound onto a directory under `top` inside the namespace."""
     if shutil.which("unshare") is None:
         pytest.skip("needs util-linux unshare (Linux) for a private mount namespace")
-    clone = Path(tempfile.mkdtemp(dir=SCRATCH_MOUNT, prefix="nvrx-eks clone-"))
+    clone = Path(tempfile.mkdtemp(dir=top, prefix="nvrx-eks clone-"))
     stage = Path(tempfile.mkdtemp(dir=SHM, prefix="nvrx-eks-stage-"))
     hidden, marker = tempfile.mkstemp(dir=SCRATCH_MOUNT, prefix="nvrx-eks-host-file-")
     os.close(hidden)
