@@ -3,7 +3,9 @@ runs, a one-rank group; and pytest-timeout's bound per test, stretched with the 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Callable
@@ -26,13 +28,19 @@ def pytest_runtest_protocol(item):
     yield
 
 
+def run_wide(tmp_path_factory, name: str) -> Path:
+    """A folder shared by every worker of this pytest run (their base folders' parent)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / name
+    root.mkdir(exist_ok=True)
+    return root
+
+
 @pytest.fixture(scope="session", autouse=True)
 def scale_shards(tmp_path_factory):
     """bench.scale's measurements save each shard once per run of the suite, shared by its
-    workers (their base folders' parent is this run's)."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "scale-shards"
-    root.mkdir(exist_ok=True)
+    workers."""
+    root = run_wide(tmp_path_factory, "scale-shards")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(SHARD_CACHE_ENV, str(root))
         yield root
@@ -53,18 +61,23 @@ def pace(cache_dir) -> Pace:
 
 @pytest.fixture(scope="session")
 def reference(cache_dir, tmp_path_factory) -> Callable[..., dict]:
-    """Fault-free results per (steps, nproc), computed once: the param_sha256 to match."""
-    memo: dict[tuple, dict] = {}
+    """Fault-free results per (steps, nproc, extra): the param_sha256 to match. Each is trained
+    once per run of the suite, by whichever worker asks first (the others wait for it, under a
+    lock), and only read after that."""
+    root = run_wide(tmp_path_factory, "references")
 
     def get(steps: int = STEPS, nproc: int = 2, extra: tuple[str, ...] = ()) -> dict:
-        key = (steps, nproc, extra)
-        if key not in memo:
-            run_dir = tmp_path_factory.mktemp("reference")
-            ok(run_local(cache_dir, "baseline", run_dir, "--max_steps", str(steps),
-                         "--checkpoint_interval", str(INTERVAL), "--trace_samples", "true",
-                         *extra, nproc=nproc))
-            memo[key] = {**results(run_dir), "run_dir": run_dir}
-        return memo[key]
+        run_dir = root / "-".join(map(str, (steps, nproc, *extra))).replace("/", "_")
+        with open(root / f"{run_dir.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = root / f"{run_dir.name}.done"
+            if not done.exists():
+                shutil.rmtree(run_dir, ignore_errors=True)  # a worker's run that failed
+                ok(run_local(cache_dir, "baseline", run_dir, "--max_steps", str(steps),
+                             "--checkpoint_interval", str(INTERVAL), "--trace_samples", "true",
+                             *extra, nproc=nproc))
+                done.touch()
+        return {**results(run_dir), "run_dir": run_dir}
 
     return get
 

@@ -1,5 +1,7 @@
 """Real 2-rank jobs, real SIGKILLs: checkpoints never lose or duplicate an update."""
 
+import shutil
+
 import pytest
 
 from tests.jobs import (INTERVAL, STEPS, events, faults, first, kill_group, ok,
@@ -94,21 +96,22 @@ def test_damaged_newest_checkpoints_are_skipped_by_name(cache_dir, reference, tm
     assert "skipping checkpoint" not in again.stdout + again.stderr
 
 
-def test_resume_at_another_world_size_restores_parameters_exactly(cache_dir, tmp_path):
-    two = tmp_path / "two"
-    ok(run_local(cache_dir, "baseline", two, "--max_steps", "8", "--checkpoint_interval", "8"))
-    saved = results(two)["param_sha256"]
+def _copy_of_reference(ref: dict, run_dir) -> None:
+    """The 2-rank reference run's checkpoints, in a run directory of the test's own."""
+    shutil.copytree(ref["run_dir"] / "checkpoints", run_dir / "checkpoints")
+
+
+def test_resume_at_another_world_size_restores_parameters_exactly(cache_dir, reference, tmp_path):
+    ref = reference()
     for nproc in (1, 3):  # shrink, and grow to a world that does not divide the rows evenly
         copy = tmp_path / f"world{nproc}"
-        import shutil
-
-        shutil.copytree(two / "checkpoints", copy / "checkpoints")
-        ok(run_local(cache_dir, "baseline", copy, "--max_steps", "8", "--resume", "required",
-                     nproc=nproc))
+        _copy_of_reference(ref, copy)
+        ok(run_local(cache_dir, "baseline", copy, "--max_steps", str(STEPS), "--resume", "required",
+                     "--trace_samples", "true", nproc=nproc))
         res = results(copy)
         load = first(events(copy), "ckpt_load")
-        assert load["saved_world_size"] == 2 and load["step"] == 8
-        assert res["param_sha256"] == saved
+        assert load["saved_world_size"] == 2 and load["step"] == STEPS
+        assert res["param_sha256"] == ref["param_sha256"]
 
 
 def test_failed_rank_leaves_its_staging_buffer_for_the_next_process(cache_dir, tmp_path):
@@ -138,17 +141,19 @@ def test_final_checkpoint_false_leaves_the_last_step_unsaved(cache_dir, tmp_path
     assert max(committed) == STEPS - INTERVAL
 
 
-def test_a_changed_run_on_resume_is_refused_or_logged(cache_dir, tmp_path):
+def test_a_changed_run_on_resume_is_refused_or_logged(cache_dir, reference, tmp_path):
     """A new --seq_len, --seed or --model cannot continue the run: one line, exit 2, before any
     launch. A new --lr can, and the change is logged."""
     run_dir = tmp_path / "run"
-    ok(run_local(cache_dir, "baseline", run_dir, "--max_steps", "4", "--checkpoint_interval", "2"))
+    _copy_of_reference(reference(), run_dir)
+    more = ("--max_steps", str(STEPS + 2), "--checkpoint_interval", str(INTERVAL),
+            "--trace_samples", "true")
     for flag, value in (("--seq_len", "32"), ("--seed", "7"), ("--model", "llama-1b")):
-        proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "6", flag, value)
+        proc = run_local(cache_dir, "baseline", run_dir, *more, flag, value)
         lines = [l for l in proc.stderr.splitlines() if l.strip()]
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
         assert f"{flag} " in lines[0] and "use a new --checkpoint_dir" in lines[0]
-    proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "6", "--lr", "0.0001")
+    proc = run_local(cache_dir, "baseline", run_dir, *more, "--lr", "0.0001")
     ok(proc)
     assert "--lr changes from 0.0003 to 0.0001" in proc.stdout
-    assert "--max_steps changes from 4 to 6" in proc.stdout
+    assert f"--max_steps changes from {STEPS} to {STEPS + 2}" in proc.stdout

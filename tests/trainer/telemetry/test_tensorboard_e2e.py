@@ -31,7 +31,7 @@ def test_a_restarted_run_continues_its_curves_with_one_point_per_step(cache_dir,
     if mode == "inprocess":
         extra = [*extra, *recovery_flags(cache_dir)]
     ok(run_local(cache_dir, mode, run_dir, "--max_steps", str(STEPS), "--log_interval", "1",
-                 *extra, *faults("exception", steps=STEPS, after=5)))
+                 "--tensorboard", "true", *extra, *faults("exception", steps=STEPS, after=5)))
     res = results(run_dir)
     (failure,) = res["faults"]
     steps = [e for e in events(run_dir) if e["event"] == "step"]
