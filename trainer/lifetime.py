@@ -11,9 +11,7 @@ Each process therefore ties its life to its parent's, from its first instant:
   stuck in C holding the GIL. A parent already gone before the call never fires it: the parent is
   checked once more right after.
 - `follow_parent`: a thread polling the parent's pid, for processes started from a thread that
-  may end first (ft_launcher's rank monitors).
-- `follow_process`: a thread polling one process that is not the parent (the checkpoint writer
-  follows its rank, which had the node's fork server fork it).
+  may end first (the checkpoint writer is started from the start-up phase's thread).
 - `ProcessId`: a pid with its start time. It names one process and never a later one that got the
   same pid, as a lease holder must.
 
@@ -129,20 +127,6 @@ def follow_parent(parent: int, poll_s: float = POLL_S) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-
-
-def follow_process(proc: ProcessId, poll_s: float = POLL_S) -> None:
-    """Exit (at once, without teardown) once `proc` has ended, whichever process is the parent;
-    by start time as well as pid, so a recycled pid is never taken for it."""
-    if not proc.alive():
-        os._exit(1)
-
-    def watch() -> None:
-        while proc.alive():
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="process-watch").start()
 
 
 def child_dies_with_me() -> Callable[[], None]:

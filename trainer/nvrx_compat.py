@@ -9,8 +9,8 @@ Differences absorbed:
 - A dead persistent worker makes NVRx's blocking finalize wait forever: the worker process is
   watched here (`worker_exitcode`). NVRx starts that worker from whichever thread makes the
   first request and never ties it to the rank; here it is started by `AsyncWriter` itself,
-  forked by the node's fork server where there is one, running NVRx's loop behind
-  `lifetime.follow_process`, so it ends with its rank from its first instant. From 0.6 that loop binds a CUDA device and opens a context on it (failing
+  running NVRx's loop behind `lifetime.follow_parent`, so it ends with its rank from its
+  first instant. From 0.6 that loop binds a CUDA device and opens a context on it (failing
   on CPU-only ranks) unless told that its requests hold host memory only (`cpu_shm_mode`);
   ours always do, so it is told, and no writer holds a CUDA context.
 - ft_launcher's rank monitors (forked in 0.4.1, spawned in some later versions) serve until
@@ -70,8 +70,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from config.versions import NVRX_BARRIER_RENDEZVOUS_FROM, nvrx_shrinks_world
-from trainer.lifetime import ProcessId, follow_parent, follow_process
-from trainer.recovery.forkserver import sibling_context
+from trainer.lifetime import follow_parent
 
 NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
 
@@ -107,12 +106,10 @@ class AsyncWriter:
         caller.rank = rank
         host_only = {"cpu_shm_mode": True} if "cpu_shm_mode" in inspect.signature(
             core.PersistentAsyncCaller.async_loop).parameters else {}
-        context = sibling_context() or multiprocessing.get_context("spawn")
-        caller.process = context.Process(
+        caller.process = multiprocessing.get_context("spawn").Process(
             target=_persistent_worker, name=f"checkpoint-writer-{rank}",
-            args=(ProcessId.current(), dict(os.environ), rank, caller.queue, caller.preload_q,
-                  caller.comp_q, logging.getLogger(core.__name__).getEffectiveLevel()),
-            kwargs=host_only)
+            args=(os.getpid(), rank, caller.queue, caller.preload_q, caller.comp_q,
+                  logging.getLogger(core.__name__).getEffectiveLevel()), kwargs=host_only)
         caller.process.start()
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> None:
@@ -156,15 +153,11 @@ class AsyncWriter:
             self._ckpt.finalize_async_save(blocking=True, no_dist=True, terminate=True)
 
 
-def _persistent_worker(rank_process: ProcessId, env: dict, *loop_args, **loop_kwargs) -> None:
+def _persistent_worker(parent: int, *loop_args, **loop_kwargs) -> None:
     """The checkpoint writer process: NVRx's persistent loop, ending with the rank that started
-    it. Under a launcher the node's fork server forks it (`forkserver.sibling_context`), so its
-    parent is that server and it gets the rank's environment here; elsewhere it is a spawned
-    child of the rank. Either way the rank is polled (`follow_process`): the rank starts it from
-    its start-up phase's thread, which ends long before the rank."""
-    follow_process(rank_process)
-    os.environ.clear()
-    os.environ.update(env)
+    it. The rank starts it from its start-up phase's thread, which ends long before the rank: a
+    parent-death signal would fire then, so the parent is polled instead."""
+    follow_parent(parent)
     from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
 
     PersistentAsyncCaller.async_loop(*loop_args, **loop_kwargs)

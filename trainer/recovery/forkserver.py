@@ -25,9 +25,7 @@ import logging
 import multiprocessing
 import os
 import sys
-from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import Optional
 
 from trainer.faults.node_loss import NODE_LEADER_ENV
 from trainer.lifetime import announce_agent
@@ -58,26 +56,6 @@ def forked_worker() -> bool:
     """Whether this process is a worker forked by the fork server: multiprocessing ends it (and
     waits for the other workers' results first), so it must return instead of exiting."""
     return multiprocessing.parent_process() is not None
-
-
-def sibling_context() -> Optional[BaseContext]:
-    """In a worker the node's fork server forked: a multiprocessing context whose processes that
-    same server forks, with its imports in place (the checkpoint writer: 1.5-2.5 s less than a
-    fresh interpreter, at every start of a rank). None in any other process.
-
-    A forked worker knows the server by its socket and alive-pipe, which multiprocessing sets in
-    every child of the server, but not by pid, so multiprocessing would start a server of its
-    own; this worker's check is the resource tracker's alone (`tests/.../test_forkserver.py`
-    fails if Python changes these private names)."""
-    from multiprocessing import forkserver, resource_tracker
-
-    server = forkserver._forkserver
-    if not forked_worker() or server._forkserver_address is None \
-            or server._forkserver_alive_fd is None:
-        return None
-    if server._forkserver_pid is None:  # not this process's own server
-        server.ensure_running = resource_tracker.ensure_running
-    return multiprocessing.get_context("forkserver")
 
 
 def plain_elastic_logs() -> None:

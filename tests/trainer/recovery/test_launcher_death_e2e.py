@@ -30,10 +30,10 @@ def kill_and_expect_none_left(job, mark: str) -> None:
     deadline = time.monotonic() + GONE_BOUND_S
     while (left := marked(MARK, mark)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    described = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in left]  # before they go
     for proc in left:  # never leave them to the rest of the suite
         proc.kill()
-    assert not left, "outlived their launcher: " + "; ".join(
-        f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in left)
+    assert not left, "outlived their launcher: " + "; ".join(described)
 
 
 def step_events_since(run_dir, t: float) -> list[int]:

@@ -110,19 +110,16 @@ def test_a_worker_whose_agent_died_before_it_started_exits_at_once(tmp_path):
     assert proc.returncode == 1
 
 
-def _forked_by_a_server(tmp_path: Path, work: str, preload: list[str], count: int
-                        ) -> tuple[subprocess.Popen, list[int]]:
-    """A launcher whose fork server (preloading `preload`) forks one worker running `work` (code
-    that writes its pids, space-separated, to the file `path`); returns the launcher and the
-    server's pid followed by the `count` pids the worker wrote."""
+def test_a_forked_worker_dies_with_its_fork_server(tmp_path):
+    """The fork server forks the ft_launcher workers (`trainer.recovery.worker_groups`)."""
     body = ("import multiprocessing\n"
             "from multiprocessing import forkserver\n"
             "def work(path):\n"
-            + "".join(f"    {line}\n" for line in work.splitlines()) +
+            "    open(path, 'w').write(str(os.getpid()))\n"
             "    time.sleep(600)\n"
             "if __name__ == '__main__':\n"
             "    ctx = multiprocessing.get_context('forkserver')\n"
-            f"    ctx.set_forkserver_preload({preload!r})\n"
+            "    ctx.set_forkserver_preload(['trainer.recovery.worker_groups'])\n"
             "    p = ctx.Process(target=work, args=(out + '.worker',))\n"
             "    p.start()\n"
             "    while not os.path.exists(out + '.worker') or not open(out + '.worker').read():\n"
@@ -135,19 +132,8 @@ def _forked_by_a_server(tmp_path: Path, work: str, preload: list[str], count: in
     launcher = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env_for(tmp_path))
     pids = tmp_path / "pids"
     try:
-        _wait(lambda: pids.exists() and len(pids.read_text().split()) == 1 + count, "no worker")
-    except BaseException:
-        launcher.kill()
-        launcher.wait()
-        raise
-    return launcher, [int(p) for p in pids.read_text().split()]
-
-
-def test_a_forked_worker_dies_with_its_fork_server(tmp_path):
-    """The fork server forks the ft_launcher workers (`trainer.recovery.worker_groups`)."""
-    launcher, (server, worker) = _forked_by_a_server(
-        tmp_path, "open(path, 'w').write(str(os.getpid()))", ["trainer.recovery.worker_groups"], 1)
-    try:
+        _wait(lambda: pids.exists() and len(pids.read_text().split()) == 2, "no worker")
+        server, worker = (int(p) for p in pids.read_text().split())
         os.kill(server, signal.SIGKILL)
         _wait(lambda: not _alive(worker), "the worker outlived its fork server")
     finally:
@@ -166,39 +152,6 @@ def test_the_checkpoint_writer_dies_with_its_rank(tmp_path, when):
             f"{wait}"
             "open(out, 'w').write(str(proc.pid))\n")
     _kill_and_expect_gone(*_parent(tmp_path, body))
-
-
-def test_a_forked_ranks_checkpoint_writer_is_forked_by_the_same_server_and_dies_with_the_rank(
-        tmp_path):
-    """Under a launcher the node's fork server forks the writer too (`sibling_context`, which
-    leans on multiprocessing's private names: this fails if Python changes them): its parent is
-    that server, no second server starts, and it still ends with its rank."""
-    rank = ("from trainer.nvrx_compat import AsyncWriter\n"
-            "w = AsyncWriter(0)\n"
-            "proc = w._ckpt._async_calls_queue.persistent_caller.process\n"
-            "open(path, 'w').write(f'{os.getpid()} {proc.pid}')")
-    launcher, (server, rank, writer) = _forked_by_a_server(
-        tmp_path, rank, ["trainer.recovery.worker_groups", "trainer.nvrx_compat"], 2)
-    try:
-        assert _parent_of(writer) == server
-        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
-        assert [int(c) for c in children if _alive(int(c)) and _name(int(c)) != "resource_tracker"] \
-            == [server]  # no second fork server
-        os.kill(rank, signal.SIGKILL)
-        _wait(lambda: not _alive(writer), "the writer outlived its rank")
-    finally:
-        launcher.kill()
-        launcher.wait()
-
-
-def _parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _name(pid: int) -> str:
-    """What a process runs, told apart by its command line (multiprocessing's helpers run `-c`)."""
-    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    return "resource_tracker" if "resource_tracker" in cmd else cmd
 
 
 def test_a_process_id_never_names_a_recycled_pid_or_a_zombie():
