@@ -84,9 +84,6 @@ def test_launcher_command_per_mode():
     base = build_command(LaunchSpec("baseline", 2, 8, 1, "job-0.svc", 29500), [])
     assert base[1:3] == ["-m", "trainer.recovery.torchrun"]  # torchrun, named to its workers
     assert "--max-restarts=0" in base and "--node-rank=1" in base
-    script = base.index("--start-method=forkserver") + 1  # its workers forked too
-    assert base[script - 2] == "--run-path" and base[script:] == [
-        str(ROOT / "trainer" / "__main__.py"), "--mode", "baseline"]
 
 
 # What each mode does, written out: the launcher, local runner, demo and benchmarks derive it

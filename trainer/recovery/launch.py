@@ -173,8 +173,9 @@ def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     """argv for this node's launcher; the trainer gets `--mode` from the spec."""
     from trainer.recovery.forkserver import launcher_args
 
-    # Either agent forks its workers from a process that has imported the trainer.
-    return [*agent_command(spec), *launcher_args(), "--mode", spec.mode, *trainer_args]
+    if RecoveryMode(spec.mode).uses_ft_launcher:  # workers forked from a preloaded process
+        return [*agent_command(spec), *launcher_args(), "--mode", spec.mode, *trainer_args]
+    return [*agent_command(spec), "-m", "trainer", "--mode", spec.mode, *trainer_args]
 
 
 def agent_command(spec: LaunchSpec) -> list[str]:

@@ -1,15 +1,20 @@
-"""torchrun as a node's agent (`forkserver.start_agent`): it names itself to its workers, holds
-the stop signal blocked for them (`termination.hold_in_agent`), and forks them from a process
-that has imported the trainer, as ft_launcher's agent does (`trainer.recovery.forkserver`).
+"""torchrun, in a process that names itself to its workers (`lifetime.announce_agent`), so each
+command-line worker dies with it (`lifetime.worker_dies_with_agent`), and that holds the stop
+signal blocked for them (`termination.hold_in_agent`).
 
-    python -m trainer.recovery.torchrun <torchrun flags> --run-path --start-method=forkserver \\
-        <trainer/__main__.py> <trainer flags>
+    python -m trainer.recovery.torchrun <torchrun flags> -m trainer <trainer flags>
 """
 
-from trainer.recovery.forkserver import start_agent
+import os
+
+from trainer.faults.node_loss import NODE_LEADER_ENV
+from trainer.lifetime import announce_agent
+from trainer.termination import hold_in_agent
 
 if __name__ == "__main__":
-    start_agent()
+    announce_agent()
+    hold_in_agent()
+    os.environ.setdefault(NODE_LEADER_ENV, str(os.getpid()))  # a `node` fault takes the node
     from torch.distributed.run import main
 
     main()
