@@ -1,10 +1,8 @@
-"""A node's elastic agent whose workers are forked from a process that has already imported
-the trainer: ft_launcher here (`main`), torchrun in `trainer.recovery.torchrun`.
+"""ft_launcher whose workers are forked from a process that has already imported the trainer.
 
 A fresh interpreter spends seconds on imports (torch with its distributed packages, then
-transformers: about 9 s on an H200 host, BENCHMARKS.md), on every restart. ft_launcher and
-torchrun can start their workers as functions (`--run-path`) through multiprocessing's fork
-server (`--start-method=forkserver`): one process per
+transformers: about 9 s on an H200 host, BENCHMARKS.md), on every restart. ft_launcher can start
+its workers as functions (`--run-path`) through multiprocessing's fork server: one process per
 node imports `PRELOAD` once, and each worker of each restart is forked from it with those modules
 in place. The fork server never initializes CUDA (a forked CUDA context is unusable), and none of
 these modules does on import; every worker sets up its own device. Each worker leads its own
@@ -80,9 +78,7 @@ def warm() -> None:
     forkserver.ensure_running()
 
 
-def start_agent() -> None:
-    """What a node's agent does before anything else: name itself to its workers, hold the stop
-    signal for them, and start the fork server they will be forked from."""
+def main() -> None:
     announce_agent()  # before the fork server starts: it inherits the environment...
     hold_in_agent()  # ...and the signal mask
     os.environ["PYTHONUNBUFFERED"] = "1"  # what `-u` gives a command-line worker
@@ -90,10 +86,6 @@ def start_agent() -> None:
     plain_elastic_logs()
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     warm()
-
-
-def main() -> None:
-    start_agent()
     from trainer.recovery.launcher_events import record_ft_launcher_detections
     from trainer.nvrx_compat import ft_launcher_main
 

@@ -171,30 +171,25 @@ def rendezvous_problem(a: argparse.Namespace) -> Optional[str]:
 
 def build_command(spec: LaunchSpec, trainer_args: Sequence[str]) -> list[str]:
     """argv for this node's launcher; the trainer gets `--mode` from the spec."""
-    from trainer.recovery.forkserver import launcher_args
-
-    if RecoveryMode(spec.mode).uses_ft_launcher:  # workers forked from a preloaded process
-        return [*agent_command(spec), *launcher_args(), "--mode", spec.mode, *trainer_args]
-    return [*agent_command(spec), "-m", "trainer", "--mode", spec.mode, *trainer_args]
-
-
-def agent_command(spec: LaunchSpec) -> list[str]:
-    """argv of this node's elastic agent, up to its workers' entry point."""
     py = sys.executable
     if RecoveryMode(spec.mode).uses_ft_launcher:
+        from trainer.recovery.forkserver import launcher_args
         from trainer.nvrx_compat import ft_launcher_flags
 
-        return [py, "-m", "trainer.recovery.forkserver", *rendezvous_flags(spec),
-                f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
-                *ft_launcher_flags(spec.max_restarts, spec.heartbeat_timeout,
-                                   spec.initial_heartbeat_timeout, spec.monitor_interval)]
+        # ft_launcher, with workers forked from a process that has imported the trainer
+        launcher = [py, "-m", "trainer.recovery.forkserver", *rendezvous_flags(spec),
+                    f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
+                    *ft_launcher_flags(spec.max_restarts, spec.heartbeat_timeout,
+                                       spec.initial_heartbeat_timeout, spec.monitor_interval)]
+        return [*launcher, *launcher_args(), "--mode", spec.mode, *trainer_args]
     # baseline and in-process alone: a process death ends the job; the Job (or the local
     # supervisor) restarts everything, like the published Kubernetes baseline.
-    return [py, "-m", "trainer.recovery.torchrun", f"--nnodes={spec.nnodes}",
-            f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
-            f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
-            f"--rdzv-conf={rdzv_conf(spec)}",
-            "--max-restarts=0", f"--monitor-interval={min(spec.monitor_interval, 1.0):g}"]
+    launcher = [py, "-m", "trainer.recovery.torchrun", f"--nnodes={spec.nnodes}",
+                f"--nproc-per-node={spec.nproc_per_node}", f"--node-rank={spec.node_rank}",
+                f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
+                f"--rdzv-conf={rdzv_conf(spec)}",
+                "--max-restarts=0", f"--monitor-interval={min(spec.monitor_interval, 1.0):g}"]
+    return [*launcher, "-m", "trainer", "--mode", spec.mode, *trainer_args]
 
 
 def launch_env(spec: LaunchSpec, cfg, base: Optional[dict] = None) -> dict:
