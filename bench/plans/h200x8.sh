@@ -32,6 +32,7 @@ case "$call" in
       --device cuda --max_steps 120 --checkpoint_interval 40 --tiers memory,node,peer \
       --snapshot_interval 1 --fault_count 1 --fault_seed 42 --fault_types node --fault_after_step 30 \
       > "${OUT:-bench/results}/spares.log" 2>&1
-    cp runs/spares/results.json "${OUT:-bench/results}/spares.json" ;;
+    cp runs/spares/results.json "${OUT:-bench/results}/spares.json"
+    python3 -m bench.scrub "${OUT:-bench/results}/spares.json" ;;
   *) echo "bench/plans/h200x8.sh: unknown run $call: throughput, recovery-MODE or spares" >&2; exit 2 ;;
 esac
