@@ -263,17 +263,17 @@ def _peak_bytes(directory) -> tuple[int, dict]:
 
 
 def test_summarize_streams_a_large_log_in_bounded_memory(tmp_path):
-    """One pass over 200,000 events with 50 failures holds a few windows and the failures'
+    """One pass over 80,000 events with 50 failures holds a few windows and the failures'
     entries, not the log: the peak does not grow with the log, and stays far below its size."""
-    small_steps = _synthetic_log(tmp_path / "small", 50_000, 50)
-    large_steps = _synthetic_log(tmp_path / "large", 200_000, 50)
+    small_steps = _synthetic_log(tmp_path / "small", 20_000, 50)
+    large_steps = _synthetic_log(tmp_path / "large", 80_000, 50)
     large_bytes = sum(f.stat().st_size for f in (tmp_path / "large").iterdir())
     small_peak, small = _peak_bytes(tmp_path / "small")
     large_peak, large = _peak_bytes(tmp_path / "large")
     assert large["steps_completed"] == large_steps and small["steps_completed"] == small_steps
     assert len(large["faults"]) == 50 and large["restarts"] == 50
     assert all(f["steps_lost"] == 1 and f["restored_from"] == "memory" for f in large["faults"])
-    assert large_bytes > 15 * 2**20  # the log: about 20 MB on disk, several times that as objects
+    assert large_bytes > 5 * 2**20  # the log: about 6.5 MiB on disk, several times that as objects
     assert large_peak < 2 * 2**20
     assert large_peak < 1.25 * small_peak  # four times the events, the same memory
 
