@@ -31,7 +31,7 @@ export OUT=${OUT:-bench/results}
 here=$(dirname "$0")/..
 mkdir -p "$OUT"
 # Result files leave without this machine's paths (interpreter, temp and work directories).
-trap 'python3 -m bench.scrub "$OUT"/*.json > /dev/null 2>&1 || true' EXIT
+trap 'compgen -G "$OUT/*.json" > /dev/null && python3 -m bench.scrub "$OUT"/*.json' EXIT
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
