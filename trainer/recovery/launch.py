@@ -367,9 +367,11 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
     A node that comes after the run has ended (a lost node's replacement pod, scheduled once its
     instance is up) finds the rendezvous closed and its launcher exits 1 (NVRx before 0.6), or
     waits in it as a standby for good (0.6+). Where `finished` names the run's end, that exit
-    is 0 and no failure is recorded, and a launcher with no workers is stopped and exits 0
-    (`finished` is asked every END_POLL_S while it has none): otherwise the Job would count a
-    failed pod, retry it, and end Failed after training had completed, or never complete.
+    is 0 and no failure is recorded, and a standby launcher is stopped and exits 0 (`finished`
+    is asked every END_POLL_S while it has no workers, and had none for AGENT_EXIT_S: one whose
+    workers have just finished closes the rendezvous and exits on its own): otherwise the Job
+    would count a failed pod, retry it, and end Failed after training had completed, or never
+    complete.
     """
     if workdir is None:  # a folder of its own, gone with the run
         with tempfile.TemporaryDirectory(prefix="nvrx-eks-launch-") as own:
@@ -388,12 +390,11 @@ def supervise(cmd: list[str], env: dict, workdir: Optional[Path] = None,
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, lambda signum, frame: terminating.append(signum))
-    next_look = time.monotonic() + END_POLL_S
+    standby = StandbyWatch(proc.pid)
     while not reap_orphans(proc) and not final.exists() and not terminating:
         time.sleep(0.2)
-        if time.monotonic() >= next_look:  # a standby of a run that has ended: nothing to wait for
-            next_look += END_POLL_S
-            end = None if worker_pids(proc.pid) else finished()
+        if standby.due():  # a standby of a run that has ended: nothing to wait for
+            end = finished() if standby.is_standby() else None
             if end is not None:
                 print(f"python -m trainer.recovery.launch: the run has ended ({end}): this "
                       "node has nothing to train", file=sys.stderr, flush=True)
@@ -515,6 +516,40 @@ def reap_orphans(proc: subprocess.Popen) -> bool:
 
 
 END_POLL_S = 5.0  # how often a launcher with no workers asks whether the run has ended
+WORKER_POLL_S = 1.0  # how often it looks for its agent's workers
+# An agent whose workers have finished waits for the other nodes' agents (torch elastic's exit
+# barrier, 300 s at most) and then closes the rendezvous (30 s at most). Stopped in between, it
+# leaves the rendezvous open (a signalled agent never closes it), and a node that comes later
+# trains again instead of finding the run closed.
+AGENT_EXIT_S = 330.0
+
+
+class StandbyWatch:
+    """Tells a standby agent (one waiting for a seat, with no workers) from one whose workers
+    have just finished and which is ending on its own: the latter had workers in the last
+    AGENT_EXIT_S. Looks for workers every WORKER_POLL_S, so that short-lived ones are seen."""
+
+    def __init__(self, agent: int) -> None:
+        self.agent = agent
+        self.workers_seen: Optional[float] = None  # monotonic time they were last seen
+        now = time.monotonic()
+        self.next_worker_look = now
+        self.next_end_look = now + END_POLL_S
+
+    def due(self) -> bool:
+        """Whether it is time to ask whether the run has ended (after a look for workers)."""
+        now = time.monotonic()
+        if now >= self.next_worker_look:
+            self.next_worker_look = now + WORKER_POLL_S
+            if worker_pids(self.agent):
+                self.workers_seen = now
+        if now < self.next_end_look:
+            return False
+        self.next_end_look = now + END_POLL_S
+        return True
+
+    def is_standby(self) -> bool:
+        return self.workers_seen is None or time.monotonic() - self.workers_seen >= AGENT_EXIT_S
 
 
 def run_end(cfg) -> Optional[str]:

@@ -100,7 +100,10 @@ def test_a_silent_rank_is_found_by_its_heartbeat(cache_dir, reference, tmp_path)
     blocked in the collective, stops heartbeating at the same step: both are named."""
     ref = reference()
     run_dir = tmp_path / "run"
-    job = _job(cache_dir, "ft_launcher", run_dir, "--nccl_timeout", "30")
+    # well beyond the heartbeat timeout (8 s), at this machine's pace: on a slow machine a fixed
+    # 30 s let the peer's collective give up first, and the launcher's stop signal reach rank 1
+    collective_s = pace(cache_dir).seconds(30)
+    job = _job(cache_dir, "ft_launcher", run_dir, "--nccl_timeout", f"{collective_s:g}")
     os.kill(_rank1_after_step(run_dir, 4), signal.SIGSTOP)
     _finished(job, run_dir)
     res = results(run_dir, signalled=True)
