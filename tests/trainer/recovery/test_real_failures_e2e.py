@@ -8,7 +8,7 @@ import pytest
 
 from devtools.local import EVERY_STEP_TIERS
 from tests.jobs import (INTERVAL, STEPS, events, first, ok, pace, recovery_flags, results,
-                        runner_flags, start_local, wait_for)
+                        runner_flags, start_local, stretched, wait_for)
 
 
 def _job(cache_dir, mode, run_dir, *extra):
@@ -20,12 +20,12 @@ def _job(cache_dir, mode, run_dir, *extra):
 def _rank1_after_step(run_dir, step: int) -> int:
     """Rank 1's pid, once rank 0 has completed `step`."""
     wait_for(lambda: any(e["event"] == "step" and e["step"] >= step for e in events(run_dir)),
-             timeout=180, what=f"step {step}")
+             timeout=stretched(180), what=f"step {step}")
     return next(e["pid"] for e in events(run_dir) if e["event"] == "launch" and e["rank"] == 1)
 
 
 def _finished(job, run_dir) -> None:
-    job.wait(timeout=300)
+    job.wait(timeout=stretched(300))
     log = (run_dir / "test-output.log").read_text()
     assert job.returncode == 0, f"exit {job.returncode}\n{log[-4000:]}"
 
@@ -44,7 +44,7 @@ def test_a_frozen_rank_is_one_counted_failure(cache_dir, reference, tmp_path, re
     pid = _rank1_after_step(run_dir, 4)
     os.kill(pid, signal.SIGSTOP)
     if resumed == "sigcont":
-        wait_for(lambda: first(events(run_dir), "abort") is not None, timeout=120,
+        wait_for(lambda: first(events(run_dir), "abort") is not None, timeout=stretched(120),
                  what="the Wrapper's abort")
         os.kill(pid, signal.SIGCONT)
     _finished(job, run_dir)

@@ -107,7 +107,7 @@ def spares_job(cache_dir, pace, reference, tmp_path_factory):
             return bool(starts) and any(e["event"] == "step" and e["step"] >= starts[0]["step"] + 2
                                         and e["t"] > starts[0]["t"] for e in ev)
 
-        wait_for(resumed_twice_on_new_world, timeout=240,
+        wait_for(resumed_twice_on_new_world, timeout=stretched(240),
                  what="the spare's world training two steps after the node fault")
         killed = kill_node(job, 0, run_dir)
         rc = job.wait(timeout=stretched(300))
