@@ -315,6 +315,7 @@ class DeviceStage:
         self.views = layout.views(self.flat, start)
         self._copied_out: "torch.cuda.Event | None" = None  # the last copy out, reading `flat`
         self._filled: "torch.cuda.Event | None" = None  # the last copy in
+        self.fills = 0  # how many fills it has had: a slot drained from the last one matches
         # The copy into the stage runs beside the next forward pass: on the compute stream
         # it would run between two steps and lengthen every one of them.
         self._side = torch.cuda.Stream(device) if self.flat.is_cuda else None
@@ -324,6 +325,7 @@ class DeviceStage:
         stage. Returns the event that marks the stage filled (the optimizer must wait for it);
         None on CPU: done."""
         sources = [tensors[n] for n in self.views]
+        self.fills += 1
         if self._side is None:
             torch._foreach_copy_(list(self.views.values()), sources)
             return None
@@ -335,6 +337,13 @@ class DeviceStage:
             self._filled = torch.cuda.Event()
             self._filled.record(self._side)
         return self._filled
+
+    def read_views(self) -> dict[str, torch.Tensor]:
+        """The stage's tensors, to be read on the current stream: it waits for the last fill.
+        The next fill waits for that stream in turn (`fill`)."""
+        if self._side is not None and self._filled is not None:
+            torch.cuda.current_stream(self.flat.device).wait_event(self._filled)
+        return self.views
 
     def drain(self, dst: HostBuffer, stream: "torch.cuda.Stream | None") -> "torch.cuda.Event | None":
         """Copy the last fill to `dst` on `stream`. Returns the event that marks `dst` complete;

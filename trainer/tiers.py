@@ -148,8 +148,10 @@ class Tiers:
         if got is None:
             return None
         layout = Layout.of(local_tensors(model, optimizer))
-        restore(model, optimizer, [TensorShard(layout.views(got.flat), shard_layout(model))])
+        views = {**layout.views(got.flat), **got.staged}
+        restore(model, optimizer, [TensorShard(views, shard_layout(model))])
         self.events.emit("snapshot_load", step=got.step, tier=got.tier, bytes=layout.total_bytes,
+                         staged_bytes=sum(t.numel() * t.element_size() for t in got.staged.values()),
                          seconds=time.time() - t0)
         self.log(f"resumed from the step-{got.step} snapshot ({got.tier} tier)")
         return got.meta

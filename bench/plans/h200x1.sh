@@ -19,7 +19,7 @@
 #          each against the same run without snapshots; then one GPU rank through six in-process
 #          restarts with few snapshots, for the throughput of each attempt
 #   floor  the restart floor: one GPU rank of llama-1b through ten exceptions in ft_launcher, then
-#          in ft_launcher+inprocess (160 steps, deterministic, snapshots of every step in the memory
+#          in ft_launcher+inprocess (MODES=... for fewer; 160 steps, deterministic, snapshots of every step in the memory
 #          and node tiers, the node directory on 2 MiB pages): each restart's phases
 #   probe  what NCCL's init and abort cost (bench.nccl_costs), pinning and exit at llama-1b's slot
 #          size (bench.hugepages), then `floor` at 60 steps and four exceptions
@@ -130,7 +130,7 @@ case "$call" in
     STEPS=60 FAULTS=4 bash "$0" floor ;;
   floor)
     huge_node_dir
-    for mode in ft_launcher ft_launcher+inprocess; do
+    for mode in ${MODES:-ft_launcher ft_launcher+inprocess}; do
       name=floor-${mode/+/-}
       MODE=$mode one_gpu_rank 270 /tmp/$name --max_steps "${STEPS:-160}" --checkpoint_interval 40 \
         --fault_count "${FAULTS:-10}" --fault_seed 7 --fault_types exception --fault_after_step 10 \

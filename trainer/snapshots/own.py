@@ -183,6 +183,7 @@ class OwnSlots:
         guards = (copied, staged)
         if stage is not None:
             copied = stage.drain(slot.buffer, self._stream)
+            slot.staged_from = stage.fills
         slot.guards = tuple(g for g in guards if g is not None)
         if copied is None:  # on the host: complete already
             if SLOW_SNAPSHOT_ENV in os.environ:
@@ -300,6 +301,16 @@ class OwnSlots:
             else:
                 with self._lock:
                     slot.pending = None
+
+    def staged_views(self, step: int) -> dict[str, torch.Tensor]:
+        """The device stage's tensors where it still holds this rank's snapshot of `step` (the
+        slot of `step` was drained from its last fill), else none. An in-process restore reads
+        them instead of the slot's copies: device to device, instead of 15 GB over PCIe."""
+        slot = self.holding(step)
+        stage = self._stage
+        if slot is None or stage is None or slot.staged_from != stage.fills:
+            return {}
+        return stage.read_views()
 
     def holding(self, step: int) -> Optional[Slot]:
         """The slot that holds `step` complete, if any."""

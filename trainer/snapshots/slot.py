@@ -93,10 +93,11 @@ class Slot:
     pins: int = 0               # readers (a durable write, a peer send) that need it unchanged
     pending: Optional[PendingCopy] = None  # until its copy is known to be complete
     guards: tuple = ()          # while pending: the events the optimizer must wait for
+    staged_from: Optional[int] = None  # the device stage's fill its staged bytes came from
 
     def invalidate(self) -> None:
         self.header.unlink(missing_ok=True)
-        self.step, self.meta = -1, None
+        self.step, self.meta, self.staged_from = -1, None, None
 
     def header_for(self, step: int, meta: dict, extra: dict) -> dict:
         """The header of this slot holding `step`: what `commit` writes, and a peer's replica."""

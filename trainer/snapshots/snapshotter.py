@@ -33,6 +33,7 @@ class Restored(NamedTuple):
     flat: torch.Tensor
     meta: dict
     tier: str  # memory, node or peer
+    staged: dict[str, torch.Tensor]  # tensors to read from the device stage instead of `flat`
 
 
 class Snapshotter:
@@ -104,7 +105,8 @@ class Snapshotter:
             agreement.forget_others(self.root, range(first, first + self.local_world_size),
                                     local_world_size=self.local_world_size,
                                     world_size=self.world_size)
-        return Restored(step, flat, meta, tier)
+        staged = self.own.staged_views(step) if tier == "memory" else {}
+        return Restored(step, flat, meta, tier, staged)
 
     def close(self, delete: bool = False) -> None:
         """Unmap the buffers; their files stay for the node tier unless `delete`."""

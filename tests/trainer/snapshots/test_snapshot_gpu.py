@@ -153,3 +153,31 @@ def test_a_relaunch_pins_the_slot_it_restores_from_first_and_the_others_after_a_
         time.sleep(0.01)
     assert all(s.buffer._pinned for s in again.own.slots)
     again.close(delete=True)
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0], ids=["split", "device"])
+def test_a_restore_from_the_device_stage_reads_the_step_it_holds_even_with_its_fill_queued(node_dir, share):
+    """An in-process restore copies the stage's tensors device to device instead of the slot's
+    over PCIe. The fill runs on a stream of its own: a read queued on the compute stream right
+    after it, with no host synchronization, must still see the filled step."""
+    snap = _snapshotter(node_dir, share)
+    state = _state(1.0)
+    snap.own.take(1, state, {"step": 1})
+    snap.own.poll(wait=True)
+    _optimizer(state, 2.0)
+    torch.cuda._sleep(200_000_000)  # the step's kernels still run: the fill is still to come
+    slot = snap.own.take(2, state, {"step": 2})
+    snap.own.fence()
+    views = snap.own.stage.read_views()
+    restored = {n: torch.full_like(t, -1.0) for n, t in views.items()}
+    for n, t in views.items():
+        restored[n].copy_(t, non_blocking=True)
+    _optimizer(state, 3.0)  # the next step, after the fence
+    torch.cuda.synchronize()
+    assert restored and all(bool((t == 2.0).all()) for t in restored.values())
+    snap.own.poll(wait=True)
+    assert slot.step == 2 and _holds(slot, 2.0)
+    staged = snap.own.staged_views(2)
+    assert set(staged) == set(views) and all(bool((t == 2.0).all()) for t in staged.values())
+    assert snap.own.staged_views(1) == {}
+    snap.close(delete=True)

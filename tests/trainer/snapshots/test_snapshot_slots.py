@@ -162,3 +162,25 @@ def test_a_snapshot_is_whole_whatever_share_goes_through_the_device_stage(tmp_pa
     if share == 0.5:
         assert 0 < start < layout.total_bytes
     snap.close(delete=True)
+
+
+def test_the_device_stage_serves_a_restore_only_while_it_holds_the_step(tmp_path):
+    """An in-process restore reads the stage's tensors instead of the slot's copies, but only
+    those of the stage's last fill: an older step, or a slot rewritten since, reads the slot."""
+    def state(v: float) -> dict:
+        return {"model/w": torch.full((64,), v), "optim/w/step": torch.tensor(v),
+                "optim/w/exp_avg": torch.full((64,), -v)}
+
+    snap = Snapshotter(tmp_path, rank=0, world_size=1, local_world_size=1,
+                       device=torch.device("cpu"), tiers=("memory",), budget_gib=0.0,
+                       durable=False, events=EventLog(None, 0), device_share=1.0)
+    snap.own.take(1, state(1.0), {"step": 1})
+    assert set(snap.own.staged_views(1)) == set(state(1.0))
+    second = snap.own.take(2, state(2.0), {"step": 2})
+    assert snap.own.staged_views(1) == {}  # the stage has moved on to step 2
+    staged = snap.own.staged_views(2)
+    for name, t in state(2.0).items():
+        assert torch.equal(staged[name], t) and torch.equal(second.buffer.views[name], t), name
+    second.invalidate()
+    assert snap.own.staged_views(2) == {}
+    snap.close(delete=True)

@@ -53,6 +53,11 @@ def test_inprocess_exception_resumes_from_memory(cache_dir, pace, reference, tmp
     (load,) = {(e["tier"], e["step"]) for e in _loads(run_dir)}
     res = results(run_dir)
     assert load[0] == "memory"
+    # the stage still holds the restored step: every staged byte is read from it, not the slot
+    for e in _loads(run_dir):
+        share = e["staged_bytes"] / e["bytes"]
+        # (`bytes` counts the slot's alignment padding too)
+        assert {"host": share == 0, "split": 0 < share < 0.99, "device": share > 0.99}[staging], e
     (fault,) = res["faults"]
     assert fault["steps_lost"] <= 1 and fault["restored_from"] == "memory"
     assert res["param_sha256"] == ref["param_sha256"]
