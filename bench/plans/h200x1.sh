@@ -131,10 +131,10 @@ case "$call" in
   floor)
     huge_node_dir
     for mode in ${MODES:-ft_launcher ft_launcher+inprocess}; do
-      name=floor-${mode/+/-}
+      name=floor-${mode/+/-}; rm -rf "/tmp/$name"  # a warm machine keeps the last run
       MODE=$mode one_gpu_rank 270 /tmp/$name --max_steps "${STEPS:-160}" --checkpoint_interval 40 \
         --fault_count "${FAULTS:-10}" --fault_seed 7 --fault_types exception --fault_after_step 10 \
-        --tiers memory,node --snapshot_interval 1 --deterministic true > "$OUT/$name.log" 2>&1
+        --tiers memory,node --snapshot_interval 1 --deterministic true ${FLOOR_ARGS:-} > "$OUT/$name.log" 2>&1
       echo "$mode run rc=$?"
       cp /tmp/$name/results.json "$OUT/$name-results.json"
       python3 -m bench.tables --phases "$OUT/$name-results.json"
