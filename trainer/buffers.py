@@ -10,6 +10,7 @@ A host buffer is file-backed (`/dev/shm` by default) and mapped shared, so that
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -296,6 +297,9 @@ class HostBuffer:
             self.path.unlink(missing_ok=True)
 
 
+_FILL_IDS = itertools.count(1)  # across stages: a stage made anew never matches an old slot
+
+
 class DeviceStage:
     """A device-memory copy of a shard layout's tensors from byte `start` on (all of them by
     default), for snapshots of every step.
@@ -315,7 +319,7 @@ class DeviceStage:
         self.views = layout.views(self.flat, start)
         self._copied_out: "torch.cuda.Event | None" = None  # the last copy out, reading `flat`
         self._filled: "torch.cuda.Event | None" = None  # the last copy in
-        self.fills = 0  # how many fills it has had: a slot drained from the last one matches
+        self.fill_id = 0  # its last fill's, unique in the process: a slot drained from it matches
         # The copy into the stage runs beside the next forward pass: on the compute stream
         # it would run between two steps and lengthen every one of them.
         self._side = torch.cuda.Stream(device) if self.flat.is_cuda else None
@@ -325,7 +329,7 @@ class DeviceStage:
         stage. Returns the event that marks the stage filled (the optimizer must wait for it);
         None on CPU: done."""
         sources = [tensors[n] for n in self.views]
-        self.fills += 1
+        self.fill_id = next(_FILL_IDS)
         if self._side is None:
             torch._foreach_copy_(list(self.views.values()), sources)
             return None

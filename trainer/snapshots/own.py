@@ -183,7 +183,7 @@ class OwnSlots:
         guards = (copied, staged)
         if stage is not None:
             copied = stage.drain(slot.buffer, self._stream)
-            slot.staged_from = stage.fills
+            slot.staged_from = stage.fill_id
         slot.guards = tuple(g for g in guards if g is not None)
         if copied is None:  # on the host: complete already
             if SLOW_SNAPSHOT_ENV in os.environ:
@@ -308,7 +308,7 @@ class OwnSlots:
         them instead of the slot's copies: device to device, instead of 15 GB over PCIe."""
         slot = self.holding(step)
         stage = self._stage
-        if slot is None or stage is None or slot.staged_from != stage.fills:
+        if slot is None or stage is None or slot.staged_from != stage.fill_id:
             return {}
         return stage.read_views()
 
