@@ -19,8 +19,9 @@
 #          each against the same run without snapshots; then one GPU rank through six in-process
 #          restarts with few snapshots, for the throughput of each attempt
 #   floor  the restart floor: one GPU rank of llama-1b through ten exceptions in ft_launcher, then
-#          in ft_launcher+inprocess (MODES=... for fewer; 160 steps, deterministic, snapshots of every step in the memory
-#          and node tiers, the node directory on 2 MiB pages): each restart's phases
+#          in ft_launcher+inprocess (MODES=... for fewer, FLOOR_ARGS=... for more trainer flags;
+#          160 steps, deterministic, snapshots of every step in the memory and node tiers, the
+#          node directory on 2 MiB pages): each restart's phases
 #   probe  what NCCL's init and abort cost (bench.nccl_costs), pinning and exit at llama-1b's slot
 #          size (bench.hugepages), then `floor` at 60 steps and four exceptions
 #   writer the checkpoint writer on the image's NVRx with a GPU rank (told its requests hold
@@ -130,8 +131,10 @@ case "$call" in
     STEPS=60 FAULTS=4 bash "$0" floor ;;
   floor)
     huge_node_dir
+    runs=()
     for mode in ${MODES:-ft_launcher ft_launcher+inprocess}; do
       name=floor-${mode/+/-}; rm -rf "/tmp/$name"  # a warm machine keeps the last run
+      runs+=("$name")
       MODE=$mode one_gpu_rank 270 /tmp/$name --max_steps "${STEPS:-160}" --checkpoint_interval 40 \
         --fault_count "${FAULTS:-10}" --fault_seed 7 --fault_types exception --fault_after_step 10 \
         --tiers memory,node --snapshot_interval 1 --deterministic true ${FLOOR_ARGS:-} > "$OUT/$name.log" 2>&1
@@ -139,8 +142,7 @@ case "$call" in
       cp /tmp/$name/results.json "$OUT/$name-results.json"
       python3 -m bench.tables --phases "$OUT/$name-results.json"
     done
-    tar -czf "$OUT/logs.tar.gz" -C /tmp --exclude='*/checkpoints' --exclude='*/nodes' \
-      floor-ft_launcher floor-ft_launcher-inprocess ;;
+    tar -czf "$OUT/logs.tar.gz" -C /tmp --exclude='*/checkpoints' --exclude='*/nodes' "${runs[@]}" ;;
   writer)
     timeout 300 python3 -m devtools.local --mode ft_launcher --nproc_per_node 1 --run_dir /tmp/w \
       -- --model tiny --device cuda --max_steps 40 --checkpoint_interval 10 \
