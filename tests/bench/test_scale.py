@@ -47,3 +47,8 @@ def test_only_rank_0_does_work_that_grows_with_the_world_and_once_per_checkpoint
     for key in ("fs_stats", "fs_opens"):  # every rank's marker and shard, once
         assert ratio * 0.8 <= large[key] / small[key] <= ratio * 1.2, (key, small, large)
     assert large["store_ops"] == small["store_ops"] > 0  # the counter, the commit key
+
+
+def test_a_failed_measurement_reports_its_cause():
+    with pytest.raises(RuntimeError, match=r"(?s)unknown at N=32 rank 1 failed.*KeyError: 'op_unknown'"):
+        scale.measure("unknown", SMALL, 1)
