@@ -85,30 +85,39 @@ def run_in_pod_namespace(script: str, env: dict) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.parametrize("read_only_parent", [False, True], ids=["", "read-only-parent"])
 @pytest.mark.parametrize("top", [SCRATCH_MOUNT, str(SHM)])
-def test_the_checkout_stays_visible_and_read_only_under_a_writable_mount(top: str) -> None:
+def test_the_checkout_stays_visible_and_read_only_under_a_writable_mount(
+        top: str, read_only_parent: bool) -> None:
     """A clone in /tmp (the scratch mount): the tmpfs over /tmp must not hide it. A clone in
-    /dev/shm (writable in a pod too) must still be read-only. The clone is played by this
-    checkout bound onto a directory under `top` inside the namespace."""
+    /dev/shm (writable in a pod too) must still be read-only. Either may sit in a folder the
+    user cannot write. The clone is played by this checkout bound onto a directory under `top`
+    inside the namespace, its parent made read-only first where asked."""
     if shutil.which("unshare") is None:
         pytest.skip("needs util-linux unshare (Linux) for a private mount namespace")
-    clone = Path(tempfile.mkdtemp(dir=top, prefix="nvrx-eks clone-"))
+    parent = Path(tempfile.mkdtemp(dir=top, prefix="nvrx-eks parent-"))
+    clone = parent / "nvrx-eks clone"
+    clone.mkdir()
     stage = Path(tempfile.mkdtemp(dir=SHM, prefix="nvrx-eks-stage-"))
     hidden, marker = tempfile.mkstemp(dir=SCRATCH_MOUNT, prefix="nvrx-eks-host-file-")
     os.close(hidden)
+    q = shlex.quote
     try:
         # the checkout visible and read-only; the host's own scratch files hidden by the tmpfs
         probe = ["sh", "-c", "test -f pyproject.toml && ! touch pyproject.toml 2>/dev/null "
-                 f"&& ! test -e {shlex.quote(marker)} && echo visible"]
-        inner = pod_script(clone, probe, stage)
-        script = f"set -eu\nmount --make-rprivate /\nmount --bind {shlex.quote(str(ROOT))} " \
-                 f"{shlex.quote(str(clone))}\n{inner}"
-        proc = run_in_pod_namespace(script, dict(os.environ))
+                 f"&& ! test -e {q(marker)} && echo visible"]
+        lines = ["set -eu", "mount --make-rprivate /"]
+        if read_only_parent:
+            lines += [f"mount --bind {q(str(parent))} {q(str(parent))}",
+                      f"mount -o remount,bind,ro {q(str(parent))}",
+                      f"if touch {q(str(parent / 'probe'))} 2>/dev/null; then exit 98; fi"]
+        lines += [f"mount --bind {q(str(ROOT))} {q(str(clone))}", pod_script(clone, probe, stage)]
+        proc = run_in_pod_namespace("\n".join(lines), dict(os.environ))
         assert proc.returncode == 0 and proc.stdout.strip() == "visible", \
             f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        clone.rmdir()
+        shutil.rmtree(parent, ignore_errors=True)
         os.unlink(marker)
 
 
