@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import builtins
 import contextlib
+import importlib
 import io
 import json
-import multiprocessing
-import multiprocessing.context
 import os
 import pickle
+import select
 import shutil
 import subprocess
 import sys
@@ -46,11 +46,11 @@ OPERATIONS = ("save", "commit", "commit_watch", "resume", "resume_half", "agreem
 # and writes the manifest) and once per restore (it checks the manifests' shards).
 RANK0_PER_CHECKPOINT = {"commit", "resume", "resume_half"}
 RANK0_ONLY = {"commit_watch"}  # rank 0's look, every step, at a checkpoint still being written
-# What a measurement imports before its counting starts, imported once by the process that forks
-# every measurement (`measure`): what stays lazy stays so, and is counted as before.
-PRELOAD = ("bench.scale", "torch", "torch.distributed.fsdp",
-           "torch.testing._internal.distributed.fake_pg", "trainer.accounting.events",
-           "trainer.durable.manager", "trainer.durable.state", "trainer.snapshots")
+# What a measurement imports before its counting starts, imported once by the server that forks
+# every measurement (`serve`): what stays lazy stays so, and is counted as before.
+PRELOAD = ("torch", "torch.distributed.fsdp", "torch.testing._internal.distributed.fake_pg",
+           "trainer.accounting.events", "trainer.durable.manager", "trainer.durable.state",
+           "trainer.snapshots")
 
 
 # --- counting -----------------------------------------------------------------------------------
@@ -507,48 +507,89 @@ def run_one(op: str, world: int, rank: int) -> dict:
         return globals()[f"op_{op}"](Path(tmp), world, rank)
 
 
-def _measurer() -> multiprocessing.context.BaseContext:
-    """The fork server every measurement of this process is forked from. It imports `PRELOAD`
-    once and measures nothing itself, so each measurement is a process of its own with nothing
-    of another measurement cached, without each importing torch again (most of a measurement's
-    time before)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOAD))
-    return context
+class _Server:
+    """`python -m bench.scale --serve`: a process that imports `PRELOAD` once, then forks one
+    process per measurement (`serve`), which measures and ends. So each measurement is a process
+    of its own with nothing of another measurement cached, without each importing torch again
+    (most of a measurement's time otherwise). A server of its own, not multiprocessing's fork
+    server: that one is shared by everything in the process, with the preload of whoever
+    started it first."""
+
+    def __init__(self) -> None:
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.scale", "--serve"], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    def ask(self, request: list, timeout_s: float) -> dict:
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line:
+            self.close()
+            raise RuntimeError(f"the measuring server gave no answer within {timeout_s:g} s "
+                               f"(exit {self.proc.returncode}):\n{self.stderr()}")
+        return json.loads(line)
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-3000:]
+
+    def close(self) -> None:
+        self.proc.kill()  # its measurement dies with it (`serve`)
+        self.proc.wait()
+        self.log.close()
 
 
-def _measure_in_child(op: str, world: int, rank: int, shards: Optional[str], out) -> None:
-    if shards:  # the server's environment is the one it started with
-        os.environ[SHARD_CACHE_ENV] = shards
-    try:
-        out.send(("ok", run_one(op, world, rank)))
-    except BaseException:  # noqa: BLE001 - reported by the measuring process, with its traceback
-        out.send(("failed", traceback.format_exc()))
+_server: Optional[_Server] = None
 
 
 def measure(op: str, world: int, rank: int, timeout_s: float = 600) -> dict:
     """One operation in a fresh process: nothing of another measurement is imported or cached."""
-    context = _measurer()
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_measure_in_child, name=f"scale-{op}-{world}-{rank}",
-                            args=(op, world, rank, os.environ.get(SHARD_CACHE_ENV), send))
-    child.start()
-    send.close()
-    try:
-        if not receive.poll(timeout_s):
-            raise RuntimeError(f"{op} at N={world} rank {rank} took over {timeout_s:g} s")
-        status, value = receive.recv()
-    except EOFError:  # it died before it could say
-        status, value = "failed", "the measuring process ended without a result"
-    finally:
-        receive.close()
-        if child.is_alive():
-            child.kill()
-        child.join()
-    if status != "ok":
-        raise RuntimeError(f"{op} at N={world} rank {rank} failed (exit {child.exitcode}):\n"
-                           f"{value[-3000:]}")
-    return value
+    global _server
+    if _server is None or _server.proc.poll() is not None:
+        _server = _Server()
+    answer = _server.ask([op, world, rank, os.environ.get(SHARD_CACHE_ENV)], timeout_s)
+    if "failed" in answer:
+        raise RuntimeError(f"{op} at N={world} rank {rank} failed:\n{answer['failed'][-3000:]}")
+    return answer["counts"]
+
+
+def serve() -> None:
+    """Answer each request line on stdin, [op, N, rank, shard cache], with one line: the counts
+    of `run_one`, measured in a process forked for it, or its failure. Forks from this thread
+    alone; a measurement dies with the server."""
+    from trainer.lifetime import die_with_parent
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    server = os.getpid()
+    for line in sys.stdin:
+        op, world, rank, shards = json.loads(line)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            os.dup2(2, 1)  # what a measurement prints stays out of the answers
+            die_with_parent(server)
+            if shards:
+                os.environ[SHARD_CACHE_ENV] = shards
+            try:
+                answer = {"counts": run_one(op, world, rank)}
+            except BaseException:  # noqa: BLE001 - the caller raises it, with its traceback
+                answer = {"failed": traceback.format_exc()}
+            with os.fdopen(write_end, "w") as out:
+                out.write(json.dumps(answer))
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end) as result:
+            text = result.read()
+        _, status = os.waitpid(pid, 0)
+        if not text:
+            text = json.dumps({"failed": f"the measuring process ended without a result "
+                                         f"(wait status {status})"})
+        print(text, flush=True)
 
 
 def playing_rank(op: str, world: int) -> int:
@@ -597,7 +638,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--one", nargs=3, metavar=("OP", "N", "RANK"), help=argparse.SUPPRESS)
     p.add_argument("--save_shard", nargs=4, metavar=("DIR", "N", "RANK", "STEP"),
                    help=argparse.SUPPRESS)
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.serve:
+        serve()
+        return 0
     if a.save_shard:
         ckpt, world, rank, step = a.save_shard
         _save_shard_here(Path(ckpt), int(world), int(rank), int(step))
