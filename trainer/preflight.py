@@ -9,6 +9,7 @@ checks read what the tiers and the loop write, so they sit above them.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -93,11 +94,31 @@ def check_checkpoint_dir(cfg: TrainConfig, loud: bool) -> None:
     check_unchanged(cfg, log=print if loud else lambda _: None)
 
 
+def torch_home() -> Optional[str]:
+    """The directory torch is imported from, found without importing it."""
+    spec = importlib.util.find_spec("torch")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+
+
+def check_compile(cfg: TrainConfig) -> None:
+    """torch.compile's C++ build step (inductor) passes torch's library directory to the linker
+    unquoted, so a torch installed under a path with a space (a clone in `~/My Projects`)
+    fails every rank's first compiled forward with a linker error (pytorch/pytorch#191010,
+    in the pinned torch and the image's)."""
+    home = torch_home() if cfg.compile else None
+    _need(home is None or not any(c.isspace() for c in home),
+          f"--compile true: torch is installed under {home!r}, a path with a space, which "
+          "torch.compile's C++ build step cannot link against (pytorch/pytorch#191010); "
+          "install it under a path without one, or use --compile false")
+
+
 def check_environment(cfg: TrainConfig, sample_data: bool = False) -> TrainConfig:
     """What only the machine that trains can check, before anything starts: the model
-    directory, the data and the checkpoint directory with what it already holds. With
+    directory, whether torch.compile can build here, the data and the checkpoint directory with
+    what it already holds. With
     `sample_data` (once per node: the launcher), also read a sample of the token file."""
     check_model(cfg)
+    check_compile(cfg)
     check_training_data(cfg, sample_data)
     check_checkpoint_dir(cfg, loud=sample_data)
     check_wandb(cfg)

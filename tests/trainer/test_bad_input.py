@@ -192,6 +192,21 @@ def test_a_global_batch_the_world_cannot_divide_is_refused_before_launch_everywh
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("entry", ["runner", "launcher", "trainer"])
+def test_compile_with_torch_under_a_path_with_a_space_is_refused_before_launch_everywhere(
+        entry, tmp_path):
+    """torch played from a path with a space: a link to this interpreter's torch, found first."""
+    spaced = tmp_path / "site packages"
+    spaced.mkdir()
+    (spaced / "torch").symlink_to(Path(torch.__file__).parent, target_is_directory=True)
+    cmd = _entry_points(tmp_path)[entry]
+    path = os.pathsep.join([str(spaced), str(ROOT)])
+    line = _one_line_refusal([*cmd, "--compile", "true"], tmp_path, extra_env={"PYTHONPATH": path})
+    assert f"--compile true: torch is installed under '{spaced / 'torch'}', a path with a " \
+           "space" in line and "--compile false" in line
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_source_file_that_cannot_be_read_is_named(tmp_path, capsys):
     from trainer.loop.data import main
 
