@@ -635,7 +635,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--worlds", default="8,64,1024,16384")
     p.add_argument("--ops", default=",".join(OPERATIONS))
     p.add_argument("--out", type=Path)
-    p.add_argument("--one", nargs=3, metavar=("OP", "N", "RANK"), help=argparse.SUPPRESS)
     p.add_argument("--save_shard", nargs=4, metavar=("DIR", "N", "RANK", "STEP"),
                    help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -646,10 +645,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.save_shard:
         ckpt, world, rank, step = a.save_shard
         _save_shard_here(Path(ckpt), int(world), int(rank), int(step))
-        return 0
-    if a.one:
-        op, world, rank = a.one[0], int(a.one[1]), int(a.one[2])
-        print(json.dumps(run_one(op, world, rank)))
         return 0
     worlds = [int(w) for w in a.worlds.split(",")]
     ops = tuple(o for o in a.ops.split(",") if o)

@@ -103,8 +103,8 @@ def torch_home() -> Optional[str]:
 def check_compile(cfg: TrainConfig) -> None:
     """torch.compile's C++ build step (inductor) passes torch's library directory to the linker
     unquoted, so a torch installed under a path with a space (a clone in `~/My Projects`)
-    fails every rank's first compiled forward with a linker error (pytorch/pytorch#191010,
-    in the pinned torch and the image's)."""
+    fails every rank's first compiled forward with a linker error (pytorch/pytorch#191010;
+    seen with the pinned torch 2.13)."""
     home = torch_home() if cfg.compile else None
     _need(home is None or not any(c.isspace() for c in home),
           f"--compile true: torch is installed under {home!r}, a path with a space, which "
