@@ -94,19 +94,21 @@ def check_checkpoint_dir(cfg: TrainConfig, loud: bool) -> None:
     check_unchanged(cfg, log=print if loud else lambda _: None)
 
 
-def torch_home() -> Optional[str]:
-    """The directory torch is imported from, found without importing it."""
+def torch_home_with_a_space() -> Optional[str]:
+    """The directory torch is imported from (found without importing it) where that path holds
+    a space, None otherwise: torch.compile's C++ build step (inductor) passes torch's library
+    directory to the linker unquoted, so every rank's first compiled forward fails there with a
+    linker error (pytorch/pytorch#191010; seen with the pinned torch 2.13). A clone in
+    `~/My Projects` with its `.venv` inside is such a place."""
     spec = importlib.util.find_spec("torch")
-    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+    home = os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+    return home if home is not None and any(c.isspace() for c in home) else None
 
 
 def check_compile(cfg: TrainConfig) -> None:
-    """torch.compile's C++ build step (inductor) passes torch's library directory to the linker
-    unquoted, so a torch installed under a path with a space (a clone in `~/My Projects`)
-    fails every rank's first compiled forward with a linker error (pytorch/pytorch#191010;
-    seen with the pinned torch 2.13)."""
-    home = torch_home() if cfg.compile else None
-    _need(home is None or not any(c.isspace() for c in home),
+    """--compile true only where torch.compile can link (`torch_home_with_a_space`)."""
+    home = torch_home_with_a_space() if cfg.compile else None
+    _need(home is None,
           f"--compile true: torch is installed under {home!r}, a path with a space, which "
           "torch.compile's C++ build step cannot link against (pytorch/pytorch#191010); "
           "install it under a path without one, or use --compile false")
@@ -115,8 +117,8 @@ def check_compile(cfg: TrainConfig) -> None:
 def check_environment(cfg: TrainConfig, sample_data: bool = False) -> TrainConfig:
     """What only the machine that trains can check, before anything starts: the model
     directory, whether torch.compile can build here, the data and the checkpoint directory with
-    what it already holds. With
-    `sample_data` (once per node: the launcher), also read a sample of the token file."""
+    what it already holds. With `sample_data` (once per node: the launcher), also read a sample
+    of the token file."""
     check_model(cfg)
     check_compile(cfg)
     check_training_data(cfg, sample_data)

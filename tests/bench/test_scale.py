@@ -50,5 +50,6 @@ def test_only_rank_0_does_work_that_grows_with_the_world_and_once_per_checkpoint
 
 
 def test_a_failed_measurement_reports_its_cause():
-    with pytest.raises(RuntimeError, match=r"(?s)unknown at N=32 rank 1 failed.*KeyError: 'op_unknown'"):
+    cause = r"(?s)unknown at N=32 rank 1 failed.*KeyError: 'op_unknown'"
+    with pytest.raises(RuntimeError, match=cause):
         scale.measure("unknown", SMALL, 1)
