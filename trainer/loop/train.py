@@ -308,11 +308,13 @@ class Loop:
         cfg, env = self.cfg, self.env
         step = self.train_state.step
         rec = self.readback.begin(step + 1, lr_at(step, cfg))
-        micro = []
+        micro, drawn = [], []
         for _ in range(self.accum):
             indices = self.sampler.next_batch(env.rank, env.world_size, cfg.batch_size)
-            rec.indices.extend(indices)
+            drawn.extend(indices)
             micro.append(to_device(np.stack([self.data.sample(i) for i in indices]), env.device))
+        if cfg.trace_samples:  # before the step's update can be saved: a commit implies its record
+            self.events.emit("samples", step=step + 1, indices=drawn)
         stats = train_step(self.model, self.optimizer, micro, rec.lr, cfg.grad_clip,
                            env.world_size, self.tokens_per_step, self.tiers.fence,
                            stop=termination.requested())
@@ -337,8 +339,6 @@ class Loop:
             self.events.emit("step", step=rec.step, dt=rec.dt, stall=rec.stall,
                              snapshot_s=rec.snapshot_s, loss=rec.loss, grad_norm=rec.grad_norm,
                              done=rec.done)
-        if self.cfg.trace_samples:
-            self.events.emit("samples", step=rec.step, indices=rec.indices)
         self.window.add(rec)
         if rec.step % self.cfg.log_interval == 0 or rec.step == self.cfg.max_steps:
             figures = self.window.figures(rec.step, self.cfg.max_steps, self.perf, self.env.device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -35,7 +35,6 @@ class StepRecord:
     stall: float = 0.0                       # seconds the loop was blocked after the step
     snapshot_s: float = 0.0                  # of which taking the snapshot
     done: float = 0.0                        # wall clock when the step's work completed
-    indices: list = field(default_factory=list)
 
     @property
     def loss(self) -> float:

@@ -40,6 +40,16 @@ def test_sigkill_midway_then_resume_matches_uninterrupted(cache_dir, reference, 
     assert saved and all(stall > 0 for stall in stalls.values())
 
 
+def test_each_rank_logs_a_steps_samples_before_it_saves_that_step(reference):
+    """A kill just after a commit must not lose the committed step's record of what it read."""
+    ev = events(reference()["run_dir"])
+    logged = {(e["step"], e["rank"]): e["t"] for e in ev if e["event"] == "samples"}
+    saves = [e for e in ev if e["event"] == "ckpt_save"]
+    assert saves
+    for save in saves:
+        assert logged[save["step"], save["rank"]] < save["t"], save
+
+
 def test_sigkill_during_a_write_resumes_from_the_previous_checkpoint(cache_dir, reference, tmp_path,
                                                                      monkeypatch):
     ref = reference()
