@@ -318,6 +318,10 @@ def damaged_run(cache_dir, tmp_path_factory) -> Path:
     return run / "checkpoints"
 
 
+# The tests of `damaged_run` run on one worker of `make test`, which builds it once.
+on_damaged_run_worker = pytest.mark.xdist_group("damaged_run")
+
+
 def _launches(run_dir: Path) -> list[dict]:
     return [e for e in events(run_dir) if e["event"] in ("launch", "attempt_start")]
 
@@ -340,6 +344,7 @@ def _refused_restore(proc: subprocess.CompletedProcess, ckpts: Path) -> str:
     return last
 
 
+@on_damaged_run_worker
 def test_every_committed_checkpoint_damaged_stops_before_training(cache_dir, damaged_run,
                                                                   tmp_path):
     run_dir = tmp_path / "run"
@@ -360,6 +365,7 @@ def test_every_committed_checkpoint_damaged_stops_before_training(cache_dir, dam
                                                          f"{step_dir_name(8)}.skipped"}
 
 
+@on_damaged_run_worker
 @pytest.mark.parametrize("tiers, mode, nnodes", [
     ("memory", "inprocess", 1),  # in-process restart does not retry it
     ("memory,node,peer", "ft_launcher", 2),  # nor does ft_launcher, with a peer on another node
