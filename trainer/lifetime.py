@@ -12,8 +12,6 @@ Each process therefore ties its life to its parent's, from its first instant:
   checked once more right after.
 - `follow_parent`: a thread polling the parent's pid, for processes started from a thread that
   may end first (the checkpoint writer is started from the start-up phase's thread).
-- `follow`: a thread polling one process by its `ProcessId`, for a daemon that is no child of
-  it (NVRx's in-process monitor follows the node's launcher).
 - `ProcessId`: a pid with its start time. It names one process and never a later one that got the
   same pid, as a lease holder must.
 
@@ -129,20 +127,6 @@ def follow_parent(parent: int, poll_s: float = POLL_S) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-
-
-def follow(process: ProcessId, poll_s: float = POLL_S) -> None:
-    """Exit (at once, without teardown) once `process` has ended: for a process that is not its
-    child (a daemon, adopted by init, whose parent-death signal can never fire)."""
-    if not process.alive():
-        os._exit(1)
-
-    def watch() -> None:
-        while process.alive():
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="launcher-watch").start()
 
 
 def child_dies_with_me() -> Callable[[], None]:

@@ -16,11 +16,6 @@ Differences absorbed:
 - ft_launcher's rank monitors (forked in 0.4.1, spawned in some later versions) serve until
   told to stop: a killed launcher left them running. They run behind `lifetime.follow_parent`
   too (`use_rank_monitors_following_launcher`).
-- inprocess.Wrapper's monitor process is a daemon NVRx double-forks from its rank, in a session
-  of its own. It outlives its rank by design, to report the rank's end to the others, but it
-  also outlived a killed launcher: waiting on a store whose host was gone, up to the store's
-  timeout. It runs behind `lifetime.follow` of the node's launcher
-  (`use_wrapper_monitors_following_launcher`).
 - ft_launcher: heartbeat timeouts default to None (no hang detection) from 0.6, so they are
   always passed; `--ft-restart-policy` is a deprecated no-op from 0.6 and only passed before.
   Before 0.5 its vendored copy of torchelastic reads `.pid` off a failed function worker's
@@ -75,7 +70,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from config.versions import NVRX_BARRIER_RENDEZVOUS_FROM, nvrx_shrinks_world
-from trainer.lifetime import ProcessId, follow, follow_parent, launcher
+from trainer.lifetime import follow_parent
 
 NVRX_VERSION = tuple(int(x) for x in version("nvidia-resiliency-ext").split(".")[:2])
 
@@ -483,29 +478,6 @@ def _rank_monitor_following_launcher(*args, **kwargs) -> None:
 
         run = RankMonitorServer.run
     run(*args, **kwargs)
-
-
-_wrapper_monitor_run: Optional[Callable[..., None]] = None  # NVRx's, once replaced here
-_wrapper_monitor_launcher: Optional[ProcessId] = None  # the node's launcher, seen from the rank
-
-
-def use_wrapper_monitors_following_launcher() -> None:
-    """Every Wrapper monitor this rank starts runs `_wrapper_monitor_following_launcher`. The
-    launcher is found here, in the rank: the daemon's parent is init."""
-    global _wrapper_monitor_run, _wrapper_monitor_launcher
-    from nvidia_resiliency_ext.inprocess.monitor_process import MonitorProcess
-
-    _wrapper_monitor_launcher = launcher()
-    if _wrapper_monitor_run is None:
-        _wrapper_monitor_run = MonitorProcess.run
-        MonitorProcess.run = staticmethod(_wrapper_monitor_following_launcher)
-
-
-def _wrapper_monitor_following_launcher(*args, **kwargs) -> None:
-    """A Wrapper monitor: NVRx's, ending with the node's launcher (where the rank has one)."""
-    if _wrapper_monitor_launcher is not None:
-        follow(_wrapper_monitor_launcher)
-    _wrapper_monitor_run(*args, **kwargs)
 
 
 def use_prompt_rendezvous(state: type) -> None:

@@ -77,8 +77,6 @@ PRIVATE = (
             "_RendezvousBarrierState._sync_from_per_round_state", "use_prompt_rendezvous",
             ((0, 7), (0, 7))),
     Private("inprocess.monitor_process", "terminate_process", "record_watchdog_kills"),
-    Private("inprocess.monitor_process", "MonitorProcess.run",
-            "use_wrapper_monitors_following_launcher"),
     Private("inprocess.store", "StoreMixin.get_interruption_records", "interruption_records"),
 )
 

@@ -31,7 +31,7 @@ from trainer.distributed import DistEnv, dist_env
 from trainer.hooks import Hooks
 from trainer.loop.train import run
 from trainer.nvrx_compat import (interruption_records, record_watchdog_kills,
-                                 restart_health_check, use_wrapper_monitors_following_launcher)
+                                          restart_health_check)
 from trainer.phases import PhaseTimeout
 from trainer.recovery.stores import external, round_key
 from trainer.termination import PeerTerminating
@@ -187,7 +187,6 @@ def build_wrapper(cfg: TrainConfig, env: DistEnv, events: EventLog, recorder: Re
     wrapper_port, app_port = inprocess_ports(os.environ)
     min_world = cfg.min_world_size or env.world_size
     record_watchdog_kills(events, cfg.soft_timeout, cfg.hard_timeout)
-    use_wrapper_monitors_following_launcher()
     store_factory, store_kwargs = wrapper_store(wrapper_port, cfg.barrier_timeout)
     abort, handover = abort_and_handover(events)
     wrapper = inprocess.Wrapper(

@@ -222,38 +222,3 @@ def test_leaving_at_once_unlinks_the_named_semaphores_it_created(how):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert ("leaked semaphore" in proc.stderr) == (how == "os._exit"), proc.stderr
-
-
-WRAPPER_RANK = """
-import datetime, inspect
-from nvidia_resiliency_ext.inprocess.monitor_process import MonitorProcess
-from nvidia_resiliency_ext.inprocess.store import TCPStore
-from trainer.nvrx_compat import use_wrapper_monitors_following_launcher
-use_wrapper_monitors_following_launcher()
-s = lambda x: datetime.timedelta(seconds=x)
-given = dict(rank=0, world_size=1, soft_timeout=s(60), hard_timeout=s(90),
-             termination_grace_time=s(1), barrier_timeout=s(60), interval=s(0.1),
-             heartbeat_interval=s(1), heartbeat_timeout=s(30), log_filename=None,
-             pid_filename=None, store_factory=TCPStore, store_kwargs={})
-names = inspect.signature(MonitorProcess.__init__).parameters
-monitor = MonitorProcess(**{k: v for k, v in given.items() if k in names})
-open(sys.argv[2] + '.rank', 'w').write(str(os.getpid()))
-"""
-
-
-def test_the_wrappers_monitor_ends_with_the_launcher_while_its_rank_lives(tmp_path):
-    """NVRx's in-process monitor is a daemon double-forked from its rank, waiting here for a
-    store that never comes (the rank was killed as it started, taking the store's host with
-    it): it must not outlive the node's launcher. Its rank lives on, so only the launcher's end
-    can end it."""
-    helper = HELPER.format(WRAPPER_RANK).replace(
-        "open(sys.argv[2], 'w').write(str(os.getpid()))",
-        "open(sys.argv[2], 'w').write(str(monitor.process_monitor_proc.pid))")
-    body = "from trainer.lifetime import announce_agent\nannounce_agent()\n"
-    parent, daemon = _parent(tmp_path, body + _started(helper))
-    rank = int((tmp_path / "helper.pid.rank").read_text())
-    try:
-        _kill_and_expect_gone(parent, daemon)
-        assert _alive(rank)  # the monitor went because of its launcher, not its rank
-    finally:
-        os.kill(rank, signal.SIGKILL)
