@@ -143,12 +143,12 @@ def _write(args: argparse.Namespace, ckpt: Checkpoint, model, ref: str, tokenize
     """The export's files, into the staging directory, once it is known to have room."""
     from trainer.export import dcp, hf
     from trainer.export.model import torch_dtype
-    from trainer.loop.model import llama_config
+    from trainer.loop.model import hf_config
 
     dtype = torch_dtype(args.dtype)
     if args.format == "hf":
         stage.expect(hf.weight_bytes(ckpt, dtype))
-        return hf.write(ckpt, llama_config(ref), stage.path, dtype, tokenizer,
+        return hf.write(ckpt, hf_config(ref), stage.path, dtype, tokenizer,
                         int(args.max_file_gb * 1e9), log)
     stage.expect(dcp.tensor_bytes(ckpt, model, dtype, args.optimizer))
     return dcp.write(ckpt, model, stage.path, dtype, args.optimizer, log)

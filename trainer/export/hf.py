@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
 INDEX = "model.safetensors.index.json"
-ARCHITECTURE = "LlamaForCausalLM"  # what `trainer.loop.model.build_model` builds
+ARCHITECTURE = "LlamaForCausalLM"  # what `trainer.loop.llama` computes, in transformers
 
 
 def file_name(index: int, count: int) -> str:

@@ -1,55 +1,73 @@
-"""LLaMA-architecture models through `transformers`: presets, or weights from a local directory.
+"""The model a run trains: presets, or the architecture and weights of a local directory.
 
 Presets give the exact published architectures with random weights (what the benchmarks need);
 a local Hugging Face directory gives real weights without the network; only a hub id named
 explicitly may download. Models are always built on the meta device and sharded before any
-weight exists, so no rank ever holds a whole large model.
+weight exists, so no rank ever holds a whole large model. The model itself is
+`trainer.loop.llama`, which needs no transformers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
 from config.presets import PRESETS
 
-if TYPE_CHECKING:  # torch and transformers load only when a model is built
+if TYPE_CHECKING:  # torch loads only when a model is built
     import torch
 
-# SDPA under a name of our own, which has no mask builder: transformers then passes no mask and
-# SDPA runs causal. Under "sdpa" the mask builder checks the position ids for packed sequences
-# with a tensor-to-bool read on every forward: a host sync that keeps the host from queueing
-# ahead and, on H200, waits behind a running snapshot copy (136-160 ms a step). Every row here
-# is one full causal sequence, so that builder's mask is always None anyway.
-CAUSAL_SDPA = "sdpa_causal"
+    from trainer.loop.llama import LlamaArgs, LlamaForCausalLM
 
 
-def llama_config(ref: str):
-    """The LlamaConfig of a preset, a local directory or a hub id."""
+def llama_config(ref: str) -> "LlamaArgs":
+    """The architecture of a preset, a local directory or a hub id (its config.json)."""
+    from trainer.loop.llama import LlamaArgs
+
+    if ref in PRESETS:
+        return LlamaArgs.from_hf(PRESETS[ref])
+    return LlamaArgs.from_hf(_read_config(ref))
+
+
+def hf_config(ref: str):
+    """transformers' LlamaConfig of `ref`, for an export: a directory's or hub id's own
+    config.json with every key kept, a preset's from its architecture."""
     from transformers import AutoConfig, LlamaConfig
 
     if ref in PRESETS:
-        return LlamaConfig(rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False, **PRESETS[ref])
+        return LlamaConfig(**llama_config(ref).to_hf())
     return AutoConfig.from_pretrained(ref, local_files_only=os.path.isdir(ref))
 
 
-def build_model(ref: str, seed: int, device: "torch.device | str" = "cpu"):
-    """A LlamaForCausalLM in fp32 in training mode: random init for presets, the architecture
-    alone for a directory or hub id (weights are loaded shard by shard, `load_rows`).
+def _read_config(ref: str) -> dict[str, Any]:
+    if os.path.isdir(ref):
+        path = os.path.join(ref, "config.json")
+        if not os.path.isfile(path):
+            raise OSError(f"{ref} holds no config.json")
+    else:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(ref, "config.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+def build_model(ref: str, seed: int, device: "torch.device | str" = "cpu") -> "LlamaForCausalLM":
+    """The model in fp32 in training mode, randomly initialized from `seed` (a directory's
+    weights are loaded shard by shard afterwards, `trainer.loop.weights`).
 
     On the `meta` device nothing is allocated: the caller shards first, then materializes.
     """
     import torch
-    from transformers import AttentionInterface, LlamaForCausalLM
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    AttentionInterface.register(CAUSAL_SDPA, sdpa_attention_forward)
-    config = llama_config(ref)
-    config._attn_implementation = CAUSAL_SDPA
-    config.use_cache = False  # training: no KV cache built on every forward
+    from trainer.loop.llama import LlamaForCausalLM
+
     with torch.device(device):
+        model = LlamaForCausalLM(llama_config(ref))
+    if torch.device(device).type != "meta":
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).float()
+        model.init_weights()
     return model.train()
 
 

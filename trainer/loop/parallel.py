@@ -51,7 +51,7 @@ def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
                         full_init_max_bytes: int = FULL_INIT_MAX_BYTES,
                         initialize: bool = True,
                         compute_dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
-    """Shard a LlamaForCausalLM over all ranks and put its local shards on the device.
+    """Shard the model over all ranks and put its local shards on the device.
 
     The model is built on the meta device and sharded first, then its local shards are
     allocated. With `initialize=False` the weights stay uninitialized, for a caller that
@@ -76,15 +76,7 @@ def build_sharded_model(ref: str, seed: int, env: DistEnv, param_bytes: int, *,
         fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
     fully_shard(model, mp_policy=mp)
     model.to_empty(device=env.device)
-    with torch.no_grad():
-        # Buffers that are not parameters (rotary frequencies) stayed uninitialized on the
-        # meta device: rebuild those modules on the CPU and move their buffers over.
-        for mod in model.modules():
-            if type(mod).__name__.endswith("RotaryEmbedding"):
-                fresh = type(mod)(config=mod.config)
-                for bname, buf in fresh.named_buffers(recurse=False):
-                    setattr(mod, bname, buf.to(env.device))
-                mod.attention_scaling = fresh.attention_scaling
+    model.reset_buffers()  # RoPE's frequencies, uninitialized since the meta device
     if initialize:
         initialize_weights(model, ref, seed, param_bytes, full_init_max_bytes)
     return model.train()

@@ -26,6 +26,7 @@ from trainer.errors import ConfigError, FinalError
 from trainer.faults.inject import FaultInjector, at_point
 from trainer.faults.schedule import schedule
 from trainer.loop.data import GlobalSampler, TokenDataset, ensure_local_data
+from trainer.loop.llama import LlamaArgs
 from trainer.loop.determinism import make_deterministic
 from trainer.distributed import DistEnv, init_process_group
 from trainer.hooks import Hooks
@@ -116,7 +117,7 @@ def train_step(model, optimizer, micro_batches: list[torch.Tensor], lr: float, g
     loss_sum = torch.zeros((), device=micro_batches[0].device)
     for tokens in micro_batches:
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        logits = model(input_ids=inputs, use_cache=False).logits
+        logits = model(inputs)
         part = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
         (part * scale).backward()
         loss_sum += part.detach()
@@ -138,7 +139,7 @@ class Built:
     """What an attempt's start-up builds, restored to the newest state every rank can get."""
 
     data: TokenDataset
-    model_config: object  # transformers' LlamaConfig
+    model_config: LlamaArgs
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     tiers: Tiers

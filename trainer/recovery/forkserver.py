@@ -1,13 +1,13 @@
 """ft_launcher whose workers are forked from a process that has already imported the trainer.
 
-A fresh interpreter spends seconds on imports (torch with its distributed packages, then
-transformers: about 9 s on an H200 host, BENCHMARKS.md), on every restart. ft_launcher can start
-its workers as functions (`--run-path`) through multiprocessing's fork server: one process per
-node imports `PRELOAD` once, and each worker of each restart is forked from it with those modules
-in place. The fork server never initializes CUDA (a forked CUDA context is unusable), and none of
-these modules does on import; every worker sets up its own device. Each worker leads its own
-process group, as a command-line worker does, and the fork server and its workers die with this
-launcher (`trainer.recovery.worker_groups`).
+A fresh interpreter spends seconds on imports (torch with its distributed packages and NVRx),
+on every restart. ft_launcher can start its workers as functions (`--run-path`) through
+multiprocessing's fork server: one process per node imports `PRELOAD` once, and each worker of
+each restart is forked from it with those modules in place. The fork server never initializes
+CUDA (a forked CUDA context is unusable), and none of these modules does on import; every
+worker sets up its own device. Each worker leads its own process group, as a command-line worker
+does, and the fork server and its workers die with this launcher
+(`trainer.recovery.worker_groups`).
 
 The fork server starts, and imports `PRELOAD`, as the launcher starts (`warm`), beside the
 first rendezvous, not at the first launch of workers: a spare node that waits in the
@@ -38,9 +38,9 @@ PRELOAD = (
     "trainer.recovery.failfast", "trainer.recovery.inprocess", "trainer.faults.inject",
     "trainer.accounting.goodput", "trainer.telemetry.report", "trainer.telemetry.live",
     "trainer.telemetry.tensorboard", "torch.utils.tensorboard",
-    "transformers.models.llama.modeling_llama",
     "nvidia_resiliency_ext.fault_tolerance.launcher",  # the worker function's own module
     "torch.distributed.checkpoint",
+    "torch._dynamo",  # FSDP2's first DTensor imports it (0.6 CPU-s), compiled or not
 )
 WORKER_SCRIPT = Path(__file__).parents[1] / "__main__.py"  # the rank's entry point
 

@@ -277,7 +277,7 @@ def run_inprocess(cfg: TrainConfig, env0: DistEnv, events: EventLog,
 
     attempts = Attempts()
     # Every restart, NVRx runs full garbage collections until one finds nothing: passes over all
-    # of torch's and transformers' objects (0.17 s each on a CPU). Frozen, what exists by now
+    # of torch's objects (0.17 s each on a CPU). Frozen, what exists by now
     # (imports, the store) is skipped; what an attempt leaves behind is still collected.
     gc.freeze()
     return wrapper(attempt)()

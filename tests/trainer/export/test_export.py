@@ -56,8 +56,10 @@ def restored(checkpoints: Path, model: torch.nn.Module) -> tuple[torch.nn.Module
 
 
 def logits(model: torch.nn.Module) -> torch.Tensor:
+    """The trainer's model returns logits; transformers' returns an output that holds them."""
     with torch.no_grad():
-        return model.eval()(input_ids=BATCH).logits
+        out = model.eval()(BATCH)
+    return getattr(out, "logits", out)
 
 
 def test_hf_export_loads_in_transformers_with_the_trainers_logits(run_dir, one_rank_group, tmp_path):
@@ -211,8 +213,8 @@ def test_tied_embeddings_load_tied_from_both_formats(one_rank_group, tmp_path):
     from trainer.atomic import write_json_atomic
     from trainer.loop.model import llama_config
 
-    fields = {k: v for k, v in llama_config("tiny").to_dict().items() if k != "tie_word_embeddings"}
-    LlamaConfig(**fields, tie_word_embeddings=True).save_pretrained(tmp_path / "tied")
+    fields = {**llama_config("tiny").to_hf(), "tie_word_embeddings": True}
+    LlamaConfig(**fields).save_pretrained(tmp_path / "tied")
     model = build_model(str(tmp_path / "tied"), seed=5)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     optimizer = torch.optim.AdamW(model.parameters())

@@ -69,7 +69,7 @@ def test_fsdp_computes_in_the_chosen_dtype_and_keeps_fp32_weights(one_rank_group
     model = build_sharded_model("tiny", 5, one_rank_group, param_bytes=1, compute_dtype=dtype)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     tokens = torch.randint(0, 258, (2, 17), generator=torch.Generator().manual_seed(0))
-    logits = model(input_ids=tokens[:, :-1], use_cache=False).logits
+    logits = model(tokens[:, :-1])
     assert logits.dtype == dtype
     F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
     assert {p.grad.dtype for p in model.parameters()} == {torch.float32}
