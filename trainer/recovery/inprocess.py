@@ -29,6 +29,7 @@ from trainer.config import TrainConfig
 from trainer.errors import ConfigError, FinalError
 from trainer.distributed import DistEnv, dist_env
 from trainer.hooks import Hooks
+from trainer.lifetime import process_start
 from trainer.loop.train import run
 from trainer.nvrx_compat import (interruption_records, record_watchdog_kills,
                                           restart_health_check)
@@ -100,27 +101,80 @@ def abort_and_handover(events: EventLog):
     return BackgroundAbort(), Handover()
 
 
+def _connect_while_rank_lives(host: str, port: int, rank_pid: int, timeout: timedelta) -> None:
+    """In NVRx's monitor process: wait until the store's host answers, and give up once the
+    monitored rank is gone. The monitor connects only after its rank has joined the store, but
+    a job killed in that instant takes the host with it; a plain client would then retry for
+    the store's whole timeout (60 s and more), a process left behind by a killed job."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        try:
+            torch.distributed.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                       timeout=timedelta(seconds=1))
+            return
+        except (RuntimeError, OSError):  # torch raises DistStoreError, a RuntimeError
+            if process_start(rank_pid) is None or time.monotonic() > deadline:
+                raise RuntimeError(f"the in-process store at {host}:{port} does not answer and "
+                                   f"its rank (pid {rank_pid}) is gone") from None
+            time.sleep(0.1)
+
+
+class RankHostedWrapperStore(torch.distributed.TCPStore, StoreMixin):
+    """The Wrapper's store, hosted by rank 0 on MASTER_ADDR, as NVRx's own TCPStore is; built
+    by name from `store_kwargs` in the rank and in NVRx's monitor process.
+
+    In the monitor it is a client, and connects only while its rank lives
+    (`_connect_while_rank_lives`). NVRx's TCPStore chooses the host by the RANK variable, which
+    the monitor inherits: rank 0's monitor, finding the port free because rank 0 had just died,
+    hosted the store itself and waited the whole timeout for ranks that were gone."""
+
+    HOST_RANK = 0
+
+    def __init__(self, port: int, timeout: timedelta, rank_pid: int) -> None:
+        host, world_size = os.environ["MASTER_ADDR"], int(os.environ["WORLD_SIZE"])
+        if os.getpid() != rank_pid:  # NVRx's monitor process
+            _connect_while_rank_lives(host, port, rank_pid, timeout)
+            super().__init__(host, port, world_size, is_master=False, timeout=timeout,
+                             wait_for_workers=False)
+            return
+        # As NVRx's: every rank counts itself in, and the host waits until all have.
+        common = dict(host_name=host, port=port, world_size=world_size, timeout=timeout,
+                      wait_for_workers=True)
+        if int(os.environ["RANK"]) == self.HOST_RANK:
+            try:
+                super().__init__(is_master=True, **common)
+                return
+            except RuntimeError:  # the port is taken: a client of its holder, as NVRx's
+                pass
+        super().__init__(is_master=False, **common)
+
+    @property
+    def critical_ranks(self):
+        return (self.HOST_RANK,)  # its loss is every rank's
+
+
 class ExternalWrapperStore(torch.distributed.PrefixStore, StoreMixin):
     """The Wrapper's store in the run's store process (`--external_store`): a client, so no rank
     hosts it and none is critical to it (NVRx's TCPStore makes rank 0 host it, and its loss
     every rank's), under this rendezvous round's prefix, since the store outlives the workers.
-    Built by name from `store_kwargs` in the rank and in NVRx's monitor process."""
+    Built by name from `store_kwargs` in the rank and in NVRx's monitor process (which connects
+    only while its rank lives, `_connect_while_rank_lives`)."""
 
-    def __init__(self, host_name: str, port: int, prefix: str,
-                 timeout: timedelta = timedelta(seconds=300), **_ignored) -> None:
+    def __init__(self, host_name: str, port: int, prefix: str, timeout: timedelta,
+                 rank_pid: int) -> None:
+        if os.getpid() != rank_pid:
+            _connect_while_rank_lives(host_name, port, rank_pid, timeout)
         super().__init__(prefix, torch.distributed.TCPStore(
             host_name, port, is_master=False, wait_for_workers=False, timeout=timeout))
 
 
 def wrapper_store(port: int, timeout_s: float) -> tuple[type, dict]:
-    """The Wrapper's store_factory and store_kwargs: NVRx's TCPStore on MASTER_ADDR, hosted by
-    rank 0; with the run's store process, a client of it."""
-    kwargs = {"port": port, "timeout": timedelta(seconds=timeout_s)}
+    """The Wrapper's store_factory and store_kwargs, built in the rank: a store hosted by rank
+    0; with the run's store process, a client of it."""
+    kwargs = {"port": port, "timeout": timedelta(seconds=timeout_s), "rank_pid": os.getpid()}
     where = external()
     if where is None:
-        from nvidia_resiliency_ext.inprocess.store import TCPStore
-
-        return TCPStore, kwargs
+        return RankHostedWrapperStore, kwargs
     return ExternalWrapperStore, {**kwargs, "host_name": where[0],
                                   "prefix": f"nvrx-eks/wrapper/{round_key()}/"}
 
