@@ -142,8 +142,8 @@ os._exit(0)
 
 
 def test_a_rank_builds_and_trains_without_importing_transformers():
-    """What the fork server preloads and a rank builds and runs: transformers' import is most
-    of a fresh rank's start-up otherwise (3 CPU-s here), on every restart."""
+    """What the fork server preloads and a rank builds and runs: transformers' import would
+    cost a fresh rank about 1.5 CPU-s more here, on every restart."""
     import subprocess
     import sys
 
