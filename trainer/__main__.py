@@ -1,7 +1,7 @@
 import sys
 
 # The guard matters for forked workers: they run this file by path, and a process they spawn
-# (the checkpoint writer) re-imports it as `__mp_main__`.
+# (a replacement checkpoint writer) re-imports it as `__mp_main__`.
 if __name__ == "__main__":
     from trainer import termination
     from trainer.recovery.forkserver import forked_worker

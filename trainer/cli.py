@@ -7,7 +7,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from trainer.config import TrainConfig, parse_args
 from trainer.preflight import check_environment
@@ -15,6 +15,9 @@ from trainer.errors import ConfigError, FinalError
 from trainer.recovery.forkserver import forked_worker
 from trainer.recovery.launch import record_final_error
 from trainer.lifetime import leave
+
+if TYPE_CHECKING:
+    from trainer.nvrx_compat import AsyncWriter
 
 
 def write_results(cfg: TrainConfig, summary: dict) -> dict:
@@ -128,6 +131,17 @@ def final_exit(exc: Exception, rank: int) -> int:
     return 2
 
 
+def fork_writer(cfg: TrainConfig) -> Optional[AsyncWriter]:
+    """The rank's checkpoint writer, forked first thing: this process has imported torch, so the
+    writer starts in milliseconds, and it has no CUDA context, process group or socket yet that
+    the writer would hold a copy of (`nvrx_compat.AsyncWriter`). None where no writer is used."""
+    if not (cfg.checkpoint_dir and cfg.use_async_checkpoint):
+        return None
+    from trainer.nvrx_compat import AsyncWriter
+
+    return AsyncWriter(int(os.environ.get("RANK", 0)), fork=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = parse_args(argv)
     try:  # checked before launch too; here once more, in case the files changed since
@@ -145,18 +159,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch.distributed as dist
 
     from trainer.distributed import dist_env
+    from trainer.hooks import Hooks
+    from trainer.tiers import Tiers
 
+    hooks, failed = Hooks(), True
+    hooks.process.writer = fork_writer(cfg)
     try:
         env = dist_env(cfg.device)
     except RuntimeError as exc:
+        Tiers.release(hooks.process, failed=True)
         print(f"python -m trainer: error: {exc}", file=sys.stderr)
         return 2
     events.emit("imported")
-    from trainer.tiers import Tiers
-    from trainer.hooks import Hooks
     from trainer.loop.train import run
 
-    hooks, failed = Hooks(), True
     _watch_neighbour_node(hooks, env, events)
     try:
         if cfg.ft_launcher:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from trainer.durable.lease import Lease
     from trainer.durable.manager import CheckpointManager
+    from trainer.nvrx_compat import AsyncWriter
     from trainer.snapshots import Snapshotter
     from trainer.telemetry.report import Telemetry
 
@@ -46,6 +47,7 @@ class ProcessState:
     """The objects that outlive an attempt, typed: one per process, shared by its attempts."""
 
     checkpoints: Optional["CheckpointManager"] = None  # the durable tier and its writer process
+    writer: Optional["AsyncWriter"] = None            # that writer, until `checkpoints` takes it
     snapshots: Optional["Snapshotter"] = None          # the mapped, pinned snapshot slots
     lease: Optional["Lease"] = None                    # rank 0: the checkpoint directory's lease
     leased: bool = False                               # the lease was taken (or waited for) once

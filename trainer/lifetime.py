@@ -11,7 +11,7 @@ Each process therefore ties its life to its parent's, from its first instant:
   stuck in C holding the GIL. A parent already gone before the call never fires it: the parent is
   checked once more right after.
 - `follow_parent`: a thread polling the parent's pid, for processes started from a thread that
-  may end first (the checkpoint writer is started from the start-up phase's thread).
+  may end first (a replacement checkpoint writer is started from whichever thread saves).
 - `ProcessId`: a pid with its start time. It names one process and never a later one that got the
   same pid, as a lease holder must.
 

@@ -7,10 +7,11 @@ Differences absorbed:
   NVRx's queue and persistent worker directly, which also works on CPU-only builds.
 - `TorchAsyncCheckpoint.close()` exists only from 0.5; 0.4.1 closes through `finalize_async_save`.
 - A dead persistent worker makes NVRx's blocking finalize wait forever: the worker process is
-  watched here (`worker_exitcode`). NVRx starts that worker from whichever thread makes the
+  watched here (`worker_exitcode`). NVRx spawns that worker from whichever thread makes the
   first request and never ties it to the rank; here it is started by `AsyncWriter` itself,
   running NVRx's loop behind `lifetime.follow_parent`, so it ends with its rank from its
-  first instant. From 0.6 that loop binds a CUDA device and opens a context on it (failing
+  first instant, and forked from the rank before its process group exists, so it imports
+  nothing. From 0.6 that loop binds a CUDA device and opens a context on it (failing
   on CPU-only ranks) unless told that its requests hold host memory only (`cpu_shm_mode`);
   ours always do, so it is told, and no writer holds a CUDA context.
 - ft_launcher's rank monitors (forked in 0.4.1, spawned in some later versions) serve until
@@ -89,15 +90,22 @@ def _async_checkpoint_class():
 
 
 class AsyncWriter:
-    """NVRx's TorchAsyncCheckpoint (persistent worker process) running our shard writer. The
-    worker process starts now, in the background (it imports torch before its first write)."""
+    """NVRx's TorchAsyncCheckpoint (persistent worker process) running our shard writer.
 
-    def __init__(self, rank: int) -> None:
+    The worker process starts now. `fork=True` forks it from this process, which has imported
+    torch already: the worker is ready in milliseconds instead of importing torch afresh (about
+    2.5 CPU-s a rank on a CPU machine, `spawn`). Fork only before this process has a process
+    group, a CUDA context or a socket (`trainer.cli` forks it first thing): the worker would hold
+    copies of them. A spawned worker (`fork=False`) may be started at any time; it replaces a
+    forked one that died."""
+
+    def __init__(self, rank: int, fork: bool = False) -> None:
         cls, self._request_cls = _async_checkpoint_class()
         self._ckpt = cls(persistent_queue=True)
-        self._start_worker(rank)
+        self.forked = fork
+        self._start_worker(rank, fork)
 
-    def _start_worker(self, rank: int) -> None:
+    def _start_worker(self, rank: int, fork: bool) -> None:
         """Start NVRx's persistent worker as its first request would, with the same queues and
         loop, behind a watch of this process (`_persistent_worker`)."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
@@ -106,8 +114,8 @@ class AsyncWriter:
         caller.rank = rank
         host_only = {"cpu_shm_mode": True} if "cpu_shm_mode" in inspect.signature(
             core.PersistentAsyncCaller.async_loop).parameters else {}
-        caller.process = multiprocessing.get_context("spawn").Process(
-            target=_persistent_worker, name=f"checkpoint-writer-{rank}",
+        caller.process = multiprocessing.get_context("fork" if fork else "spawn").Process(
+            target=_forked_worker if fork else _persistent_worker, name=f"checkpoint-writer-{rank}",
             args=(os.getpid(), rank, caller.queue, caller.preload_q, caller.comp_q,
                   logging.getLogger(core.__name__).getEffectiveLevel()), kwargs=host_only)
         caller.process.start()
@@ -153,10 +161,21 @@ class AsyncWriter:
             self._ckpt.finalize_async_save(blocking=True, no_dist=True, terminate=True)
 
 
+def _forked_worker(parent: int, *loop_args, **loop_kwargs) -> None:
+    """The writer forked from its rank: first the signal dispositions a spawned writer starts
+    with (the rank's own handlers, such as the stop signal's, are not the writer's), then the
+    same loop."""
+    for signum in signal.valid_signals():
+        handler = signal.getsignal(signum)
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(signum, signal.SIG_DFL)
+    _persistent_worker(parent, *loop_args, **loop_kwargs)
+
+
 def _persistent_worker(parent: int, *loop_args, **loop_kwargs) -> None:
     """The checkpoint writer process: NVRx's persistent loop, ending with the rank that started
-    it. The rank starts it from its start-up phase's thread, which ends long before the rank: a
-    parent-death signal would fire then, so the parent is polled instead."""
+    it. A replacement for a dead writer is started from whichever thread saves next, which may
+    end long before the rank: a parent-death signal would fire then, so the parent is polled."""
     follow_parent(parent)
     from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
 

@@ -53,11 +53,12 @@ class Tiers:
         if process.checkpoints is not None:
             process.checkpoints.rejoin(env.rank, env.world_size, keepalive)
         elif cfg.checkpoint_dir:
+            writer, process.writer = process.writer, None
             process.checkpoints = CheckpointManager(
                 cfg.checkpoint_dir, rank=env.rank, world_size=env.world_size, device=env.device,
                 use_async=cfg.use_async_checkpoint, retain=cfg.keep_checkpoints,
                 timeout_s=cfg.checkpoint_timeout, events=events, node_root=self.node_root,
-                keepalive=keepalive, log=print)
+                keepalive=keepalive, log=print, writer=writer)
         self.checkpoints: Optional[CheckpointManager] = process.checkpoints
         if cfg.tiers and process.snapshots is None:
             process.snapshots = Snapshotter(
@@ -248,6 +249,9 @@ class Tiers:
         the interpreter's exit forever."""
         if process.checkpoints is not None:
             process.checkpoints.close(failed=failed)
+        if process.writer is not None:  # never taken: the run ended before its tiers
+            process.writer.close(abort=True)
+            process.writer = None
         if process.snapshots is not None:
             process.snapshots.close(delete=not failed)
         if process.lease is not None and not failed:
@@ -262,6 +266,8 @@ class Tiers:
             process.snapshots.own.commit_landed(wait_s)
         if process.checkpoints is not None:
             process.checkpoints.close(failed=True)
+        if process.writer is not None:
+            process.writer.close(abort=True)
 
     def stats(self) -> dict:
         out = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,9 @@ from trainer.durable.loading import Loader
 from trainer.durable.state import local_tensors, shard_layout
 from trainer.durable.store import (CheckpointError, CheckpointStore, SaveStats, ShardWrite,
                                    StorageError, error_file, step_dir_name, write_shard)
+
+if TYPE_CHECKING:
+    from trainer.nvrx_compat import AsyncWriter
 
 
 class InFlight(NamedTuple):
@@ -57,7 +60,9 @@ class CheckpointManager:
     def __init__(self, checkpoint_dir: str, *, rank: int, world_size: int, device: torch.device,
                  use_async: bool, retain: int, timeout_s: float, events: EventLog,
                  node_root: Path, keepalive: Callable[[], None] = lambda: None,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, writer: Optional["AsyncWriter"] = None):
+        """`writer`: the rank's checkpoint writer if it was started already (forked by
+        `trainer.cli`); without one, `start_writer` spawns one."""
         self.store = CheckpointStore(checkpoint_dir, retain=retain, warn=log)
         self.rank = rank
         self.world_size = world_size
@@ -70,7 +75,7 @@ class CheckpointManager:
         self.node_root = node_root
         self._buffer: Optional[HostBuffer] = None
         self._stream = host_copy_stream(device)
-        self._writer = None
+        self._writer = writer
         self._in_flight: Optional[InFlight] = None
         self._landing: Optional[tuple[int, Landings]] = None  # async: the last step written
         self._landings: Optional[Landings] = None  # this attempt's keys, from its first save
@@ -215,9 +220,7 @@ class CheckpointManager:
         step, since, buffer_path = flight.step, flight.since, flight.buffer
         code = self._writer.worker_exitcode()
         if code is not None:
-            self._writer.close(abort=True)
-            self._in_flight = None
-            self._release_source()
+            self._drop_writer()
             cause = error_file(buffer_path)
             if cause.is_file():  # the writer said why: the storage refused the write
                 raise StorageError(f"{cause.read_text().strip()}; earlier checkpoints are intact")
@@ -225,12 +228,18 @@ class CheckpointManager:
                                   f"(exit code {code}) while writing step {step}; that "
                                   "checkpoint is not committed")
         if time.time() - since > self.timeout_s:
-            self._writer.close(abort=True)
-            self._in_flight = None
-            self._release_source()
+            self._drop_writer()
             raise CheckpointError(f"the background checkpoint writer of rank {self.rank} took "
                                   f"more than {self.timeout_s:g} s (--checkpoint_timeout) for "
                                   f"step {step}; that checkpoint is not committed")
+
+    def _drop_writer(self) -> None:
+        """Kill a dead or stuck writer and forget its write; the next save starts a new writer
+        (`start_writer`), behind the same watch of this rank as the first."""
+        self._writer.close(abort=True)
+        self._writer = None
+        self._in_flight = None
+        self._release_source()
 
     def poll(self) -> None:
         """Once per step: retire finished writes, watch the writer, commit what is complete."""

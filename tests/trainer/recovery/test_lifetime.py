@@ -37,7 +37,12 @@ def _parent(tmp_path: Path, body: str) -> tuple[subprocess.Popen, int]:
     code = (f"import os, sys, time; sys.path.insert(0, {str(ROOT)!r}); out = {str(out)!r}\n"
             f"{body}\ntime.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env_for(tmp_path))
-    _wait(lambda: out.exists() and out.read_text().strip(), "the helper never started")
+    try:
+        _wait(lambda: out.exists() and out.read_text().strip(), "the helper never started")
+    except BaseException:
+        parent.kill()  # and its helpers with it, if they follow it
+        parent.wait()
+        raise
     return parent, int(out.read_text())
 
 
@@ -141,17 +146,47 @@ def test_a_forked_worker_dies_with_its_fork_server(tmp_path):
         launcher.wait()
 
 
+def _writer_started(fork: bool, then: str = "") -> str:
+    """Parent code that starts NVRx's persistent writer through `AsyncWriter`, runs `then` and
+    writes the writer's pid to `out`."""
+    return ("from trainer.nvrx_compat import AsyncWriter\n"
+            f"w = AsyncWriter(0, fork={fork})\n"
+            "proc = w._ckpt._async_calls_queue.persistent_caller.process\n"
+            f"{then}"
+            "open(out, 'w').write(str(proc.pid))\n")
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
 @pytest.mark.parametrize("when", ["running", "starting"])
-def test_the_checkpoint_writer_dies_with_its_rank(tmp_path, when):
+def test_the_checkpoint_writer_dies_with_its_rank(tmp_path, when, fork):
     """NVRx's persistent writer, started by `AsyncWriter`: killed while it runs, or while it is
     still starting (before any request could have told it who its rank is)."""
     wait = "time.sleep(0.5)\n" if when == "running" else ""
-    body = ("from trainer.nvrx_compat import AsyncWriter\n"
-            "w = AsyncWriter(0)\n"
-            "proc = w._ckpt._async_calls_queue.persistent_caller.process\n"
-            f"{wait}"
-            "open(out, 'w').write(str(proc.pid))\n")
-    _kill_and_expect_gone(*_parent(tmp_path, body))
+    _kill_and_expect_gone(*_parent(tmp_path, _writer_started(fork, wait)))
+
+
+def _caught_signals(pid: int) -> int:
+    """The signals `pid` has handlers for (`SigCgt` of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigCgt for pid {pid}")
+
+
+def test_a_forked_writer_keeps_none_of_its_ranks_signal_handlers(tmp_path):
+    """A rank handles the stop signal (`termination.install`); the writer it forks starts with
+    the dispositions of a spawned writer, which the stop signal sent to a rank's group ends."""
+    writers, served = {}, "w.submit(print, 'served')\nwhile not w.poll(): time.sleep(0.01)\n"
+    for fork in (True, False):
+        (tmp_path / str(fork)).mkdir()
+        parent, pid = _parent(tmp_path / str(fork), "from trainer import termination\n"
+                              "termination.install()\n" + _writer_started(fork, served))
+        try:
+            writers[fork] = _caught_signals(pid)
+        finally:
+            _kill_and_expect_gone(parent, pid)
+    assert writers[True] == writers[False]
+    assert not writers[True] & (1 << (signal.SIGUSR1 - 1))
 
 
 def test_a_process_id_never_names_a_recycled_pid_or_a_zombie():
