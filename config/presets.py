@@ -1,5 +1,5 @@
 """The model presets as data: the exact published architectures (Meta's Llama 3.1 8B and
-Llama 3.2 1B/3B config.json files; `tiny` is ours), the tokenizer each is trained with, and the
+Llama 3.2 1B/3B config.json files; `micro` and `tiny` are ours), the tokenizer each is trained with, and the
 arithmetic the manifests and the capacity plan size memory by. No torch, no transformers: the
 trainer builds the models (`trainer.loop.model`), everything else reads the numbers here."""
 
@@ -16,6 +16,12 @@ _LLAMA3_ROPE = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
+    # ~0.13 M parameters: the test suite's multi-process jobs. The same architecture (grouped
+    # heads, blocks that FSDP2 shards one by one) at the size where a CPU rank's step costs
+    # little beside its start-up, which is what those jobs exercise.
+    "micro": dict(vocab_size=264, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  rope_theta=10000.0, tie_word_embeddings=False),
     # ~3 M parameters: trains on CPU ranks in seconds; byte-level vocabulary.
     "tiny": dict(vocab_size=264, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
@@ -34,8 +40,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                         rope_scaling=_LLAMA3_ROPE, tie_word_embeddings=False),
 }
 
-# The Hugging Face repository whose tokenizer each preset is trained with; `tiny` reads bytes.
+# The Hugging Face repository whose tokenizer each preset is trained with; `micro` and `tiny`
+# read bytes.
 TOKENIZERS = {
+    "micro": "byte",
     "tiny": "byte",
     "llama-1b": "meta-llama/Llama-3.2-1B",
     "llama-3b": "meta-llama/Llama-3.2-3B",

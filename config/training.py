@@ -46,8 +46,8 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # -- model and data -----------------------------------------------------------------------
-    model: str = setting("tiny", "a preset (tiny, llama-1b, llama-3b, llama3.1-8b), a Hugging "
-                         "Face model directory, or a hub id (the only case that uses the network)",
+    model: str = setting("tiny", f"a preset ({', '.join(PRESETS)}), a Hugging Face model "
+                         "directory, or a hub id (the only case that uses the network)",
                          "model and data")
     data_path: Optional[str] = setting(None, "directory made by `python -m trainer.loop.data "
                                        "prepare`; none: the bundled local corpus, prepared on "

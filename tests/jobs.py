@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from devtools.pace import Pace, measure
+from trainer.phases import SLOW_PHASE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 16
@@ -22,10 +23,17 @@ INTERVAL = 4
 # The CPU ranks' compute dtype: `auto` (the trainer's choice for this CPU), unless
 # NVRX_EKS_TEST_COMPUTE_DTYPE names one (fp32 where a torch build crashes in bf16 on this CPU).
 COMPUTE_DTYPE = ["--compute_dtype", os.environ.get("NVRX_EKS_TEST_COMPUTE_DTYPE", "auto")]
-# A small, fast job: tiny LLaMA, short sequences.
-# Without TensorBoard's event files, which only its own test reads (0.1-0.2 s of every rank 0).
-TINY = ["--model", "tiny", "--seq_len", "64", "--batch_size", "2", "--log_interval", "6",
-        "--warmup_steps", "4", "--tensorboard", "false", *COMPUTE_DTYPE]
+# The model of the tests' jobs: the smallest preset. Its ranks spend their seconds on what the
+# jobs are there to prove (start-up, checkpoints, restarts), not on their steps.
+MODEL = "micro"
+# A small, fast job: short sequences; without TensorBoard's event files, which only its own
+# test reads (0.1-0.2 s of every rank 0).
+JOB_FLAGS = ["--model", MODEL, "--seq_len", "64", "--batch_size", "2", "--log_interval", "6",
+             "--warmup_steps", "4", "--tensorboard", "false", *COMPUTE_DTYPE]
+# Seconds every step of a test job waits beyond its compute (`trainer.phases`), as a GPU step
+# leaves its host waiting: a test's signals and faults land mid-run as they did when the jobs
+# trained the 25 times larger tiny model, at a third less CPU a job.
+STEP_DELAY_S = 0.1
 # Bounds on a fast machine, in seconds; on a slower one they stretch with its pace (`stretched`).
 JOB_TIMEOUT_S = 240.0
 WAIT_S = 120.0
@@ -40,7 +48,7 @@ def pace(cache: Path) -> Pace:
     global _pace
     if _pace is None:
         _pace = measure(Path(tempfile.mkdtemp(prefix="pace-", dir=cache.parent)), COMPUTE_DTYPE,
-                        env=env_for(cache))
+                        env={**env_for(cache), SLOW_PHASE_ENV: ""})  # the steps' compute alone
     return _pace
 
 
@@ -59,18 +67,23 @@ def stretched(seconds: float) -> float:
     return _pace.seconds(seconds) if _pace is not None else seconds
 
 
-def env_for(cache: Path) -> dict:
+def env_for(cache: Path, extra_env: Optional[dict] = None) -> dict:
+    """A test job's environment: `extra_env` over this process's, every step `STEP_DELAY_S`
+    longer unless `extra_env` slows steps itself (its `SLOW_PHASE_ENV` comes first)."""
     env = dict(os.environ)
     env["NVRX_EKS_CACHE"] = str(cache)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    extra = dict(extra_env or {})
+    env[SLOW_PHASE_ENV] = ",".join(filter(None, [extra.pop(SLOW_PHASE_ENV, ""),
+                                                 f"step={STEP_DELAY_S:g}"]))
+    return {**env, **extra}
 
 
 def local_cmd(mode: str, run_dir: Path, *trainer_args: str, nproc: int = 2,
               local_args: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "devtools.local", "--mode", mode, "--nproc_per_node", str(nproc),
-            "--run_dir", str(run_dir), *local_args, "--", *TINY, *trainer_args]
+            "--run_dir", str(run_dir), *local_args, "--", *JOB_FLAGS, *trainer_args]
 
 
 def run_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str, nproc: int = 2,
@@ -78,7 +91,7 @@ def run_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str, nproc: 
               ) -> subprocess.CompletedProcess:
     cmd = local_cmd(mode, run_dir, *trainer_args, nproc=nproc, local_args=local_args)
     limit = pace(cache).seconds(JOB_TIMEOUT_S)
-    proc = subprocess.run(cmd, cwd=ROOT, env={**env_for(cache), **(extra_env or {})},
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(cache, extra_env),
                           capture_output=True, text=True, timeout=limit)
     (run_dir / "test-output.log").parent.mkdir(parents=True, exist_ok=True)
     (run_dir / "test-output.log").write_text(proc.stdout + proc.stderr)
@@ -93,7 +106,7 @@ def start_local(cache: Path, mode: str, run_dir: Path, *trainer_args: str,
     log = open(run_dir / "test-output.log", "w")
     return subprocess.Popen(local_cmd(mode, run_dir, *trainer_args, nproc=nproc,
                                       local_args=local_args),
-                            cwd=ROOT, env={**env_for(cache), **(extra_env or {})}, stdout=log,
+                            cwd=ROOT, env=env_for(cache, extra_env), stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -116,7 +129,8 @@ def launcher_cmd(mode: str, run_dir: Path, port: int, *trainer_args: str, nproc:
     with another test's launcher."""
     return [sys.executable, "-m", "trainer.recovery.launch", "--mode", mode, "--nnodes", "1",
             "--nproc_per_node", str(nproc), "--node_rank", "0", "--master_addr", "127.0.0.1",
-            "--master_port", str(port), "--metrics_port", "0", *launcher_flags(mode), "--", *TINY,
+            "--master_port", str(port), "--metrics_port", "0", *launcher_flags(mode), "--",
+            *JOB_FLAGS,
             "--checkpoint_dir", str(run_dir / "checkpoints"),
             "--results_path", str(run_dir / "results.json"), *trainer_args]
 
@@ -126,7 +140,7 @@ def start(cmd: list[str], cache: Path, run_dir: Path, extra_env: Optional[dict] 
     """`cmd` in a session of its own (its process group is its pid), output to the run's log."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "test-output.log", "a")
-    return subprocess.Popen(cmd, cwd=ROOT, env={**env_for(cache), **(extra_env or {})},
+    return subprocess.Popen(cmd, cwd=ROOT, env=env_for(cache, extra_env),
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -25,7 +25,10 @@ import torch
 
 T = TypeVar("T")
 
-SLOW_PHASE_ENV = "NVRX_EKS_SLOW_PHASE"  # test hook: "startup=8,first_step=8,commit=8,write=2" (s)
+# Test hook: seconds added to phases, "startup=8,first_step=8,commit=8,write=2", and to every
+# step, "step=0.1" (the host idle while a device computes: the CPU ranks' steps last as long as
+# a GPU's would, at no CPU cost).
+SLOW_PHASE_ENV = "NVRX_EKS_SLOW_PHASE"
 _POLL_S = 0.05
 
 _running: Optional[threading.Thread] = None  # the phase thread of this process, if any

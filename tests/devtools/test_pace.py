@@ -11,7 +11,7 @@ from config.contract import MODE_NAMES
 from devtools import pace as pacing
 from devtools.local import progress
 from devtools.pace import Pace
-from tests.jobs import ROOT, TINY, env_for, faults, stretched
+from tests.jobs import JOB_FLAGS, ROOT, env_for, faults, stretched
 from trainer.accounting.events import EventLog, events_dir
 from trainer.config import parse_args
 from trainer.loop.precision import choose
@@ -75,7 +75,7 @@ def test_a_job_out_of_time_names_the_step_it_reached_and_its_step_time(cache_dir
     limit = stretched(25)
     proc = subprocess.run(
         [sys.executable, "-m", "devtools.local", "--mode", "baseline", "--run_dir", str(run_dir),
-         "--job_restarts", "0", "--timeout", f"{limit:g}", "--", *TINY, "--max_steps", "16",
+         "--job_restarts", "0", "--timeout", f"{limit:g}", "--", *JOB_FLAGS, "--max_steps", "16",
          "--nccl_timeout", f"{2 * limit:g}", *faults("hang", after=4)],
         cwd=ROOT, env=env_for(cache_dir), capture_output=True, text=True, timeout=4 * limit)
     assert proc.returncode == 1

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from config.contract import FINAL_ERROR_ENV
-from tests.jobs import ROOT, TINY, env_for, events, ok, results, run_local, small_fs, wait_for
+from tests.jobs import JOB_FLAGS, ROOT, env_for, events, ok, results, run_local, small_fs, wait_for
 from trainer.accounting.events import EventLog
 from trainer.durable.manager import CheckpointManager
 from trainer.durable.run_settings import SETTINGS_FILE
@@ -48,12 +48,12 @@ def _entry_points(tmp_path: Path, nproc: int = 2) -> dict[str, list[str]]:
     run = tmp_path / "run"
     return {
         "runner": [sys.executable, "-m", "devtools.local", "--mode", "baseline",
-                   "--nproc_per_node", str(nproc), "--run_dir", str(run), "--", *TINY],
+                   "--nproc_per_node", str(nproc), "--run_dir", str(run), "--", *JOB_FLAGS],
         "launcher": [sys.executable, "-m", "trainer.recovery.launch", "--mode", "baseline",
                      "--nnodes", "1", "--nproc_per_node", str(nproc), "--node_rank", "0",
-                     "--master_addr", "127.0.0.1", "--metrics_port", "0", "--", *TINY,
+                     "--master_addr", "127.0.0.1", "--metrics_port", "0", "--", *JOB_FLAGS,
                      "--checkpoint_dir", str(run / "checkpoints")],
-        "trainer": [sys.executable, "-m", "trainer", *TINY],
+        "trainer": [sys.executable, "-m", "trainer", *JOB_FLAGS],
     }
 
 

@@ -40,7 +40,7 @@ from trainer.loop.profiling import StepProfiler, profile_line
 from trainer.loop.state import RngState, TrainState, load_state, save_state
 from trainer.loop.weights import initialize_weights, param_fingerprint
 from trainer import termination
-from trainer.phases import join_interrupted
+from trainer.phases import injected_delay, join_interrupted
 from trainer.tiers import Tiers
 
 
@@ -246,6 +246,7 @@ class Loop:
         self.train_state = TrainState(
             global_batch=cfg.global_batch_size or cfg.batch_size * env.world_size)
         self.stopping = False  # a rank was asked to stop: stop after this step (`termination`)
+        self.step_delay = injected_delay("step")  # test hook: a device-bound step's host wait
         if built.meta is not None:
             self._resume(built.meta)
         elif cfg.checkpoint_dir:
@@ -320,6 +321,8 @@ class Loop:
                            env.world_size, self.tokens_per_step, self.tiers.fence,
                            stop=termination.requested())
         self.readback.queue(rec, stats)
+        if self.step_delay:
+            time.sleep(self.step_delay)
         return rec
 
     def verify(self, rec: StepRecord) -> None:

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from tests.jobs import events, kill_group, ok, run_local, small_fs, start_local, wait_for
+from config.presets import STATE_BYTES_PER_PARAMETER, preset_parameters
+from tests.jobs import MODEL, events, kill_group, ok, run_local, small_fs, start_local, wait_for
 from trainer.durable.store import CheckpointStore, file_sha256, step_dir_name
 
 
@@ -17,8 +18,9 @@ def _last_line(proc) -> str:
 
 def test_full_disk_keeps_the_last_checkpoint_and_stops_with_the_cause(cache_dir, tmp_path):
     run_dir = tmp_path / "run"
-    # One checkpoint of the tiny model is about 37 MB: the second one does not fit beside it.
-    with small_fs(tmp_path / "small", "60m") as small:
+    # Room for one checkpoint and some 60% of a second, which does not fit beside it.
+    room = 1.6 * preset_parameters(MODEL) * STATE_BYTES_PER_PARAMETER
+    with small_fs(tmp_path / "small", f"{room / 1024:.0f}k") as small:
         ckpts = small / "ckpt"
         proc = run_local(cache_dir, "baseline", run_dir, "--max_steps", "12",
                          "--checkpoint_interval", "4", "--checkpoint_dir", str(ckpts))

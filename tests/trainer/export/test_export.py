@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.jobs import ROOT, env_for, ok, run_local
+from config.presets import preset_parameters
+from tests.jobs import MODEL, ROOT, env_for, ok, run_local
 from trainer.accounting.events import EventLog
 from trainer.durable.manager import CheckpointManager
 from trainer.durable.run_settings import SETTINGS_FILE
@@ -27,12 +28,14 @@ from trainer.loop.model import build_model
 pytestmark = pytest.mark.xdist_group("export")
 
 STEPS, INTERVAL = 4, 2
+# A third of the model's fp32 weights: a Hugging Face export in several files.
+SPLIT_GB = f"{preset_parameters(MODEL) * 4 / 3e9:g}"
 BATCH = torch.randint(0, ByteTokenizer.vocab_size, (2, 48), generator=torch.Generator().manual_seed(3))
 
 
 @pytest.fixture(scope="module")
 def run_dir(cache_dir, tmp_path_factory) -> Path:
-    """A real 2-rank run of the tiny model: checkpoints at steps 2 and 4."""
+    """A real 2-rank run of the tests' model: checkpoints at steps 2 and 4."""
     run = tmp_path_factory.mktemp("world2")
     ok(run_local(cache_dir, "baseline", run, "--max_steps", str(STEPS),
                  "--checkpoint_interval", str(INTERVAL)))
@@ -66,11 +69,11 @@ def test_hf_export_loads_in_transformers_with_the_trainers_logits(run_dir, one_r
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ckpts = run_dir / "checkpoints"
-    trainer_model, _, meta = restored(ckpts, build_model("tiny", seed=0))
+    trainer_model, _, meta = restored(ckpts, build_model(MODEL, seed=0))
     assert meta["step"] == STEPS
     expected = logits(trainer_model)
 
-    export(ckpts, "--format", "hf", "--out", str(tmp_path / "fp32"), "--max_file_gb", "0.004")
+    export(ckpts, "--format", "hf", "--out", str(tmp_path / "fp32"), "--max_file_gb", SPLIT_GB)
     index = json.loads((tmp_path / "fp32" / "model.safetensors.index.json").read_text())
     files = sorted({f for f in index["weight_map"].values()})
     assert len(files) > 1 and files == [f"model-{i:05d}-of-{len(files):05d}.safetensors"
@@ -96,17 +99,17 @@ def test_hf_export_loads_in_transformers_with_the_trainers_logits(run_dir, one_r
     assert tok.decode(ids.tolist()) == text
     assert (tok.eos_token_id, loaded.config.eos_token_id) == (ByteTokenizer.eos_token_id,) * 2
     record = json.loads((tmp_path / "fp32" / "EXPORT.json").read_text())
-    assert (record["step"], record["world_size"], record["model"]) == (STEPS, 2, "tiny")
+    assert (record["step"], record["world_size"], record["model"]) == (STEPS, 2, MODEL)
 
 
 def test_dcp_export_loads_into_a_freshly_built_model(run_dir, one_rank_group, tmp_path):
     import torch.distributed.checkpoint as dcp
 
     ckpts = run_dir / "checkpoints"
-    trainer_model, optimizer, _ = restored(ckpts, build_model("tiny", seed=0))
+    trainer_model, optimizer, _ = restored(ckpts, build_model(MODEL, seed=0))
     export(ckpts, "--format", "dcp", "--optimizer", "--out", str(tmp_path / "dcp"))
 
-    fresh = build_model("tiny", seed=99)  # other random weights, all overwritten
+    fresh = build_model(MODEL, seed=99)  # other random weights, all overwritten
     state = fresh.state_dict()
     dcp.load(state, checkpoint_id=tmp_path / "dcp", no_dist=True)
     for name, p in trainer_model.named_parameters():
@@ -127,7 +130,7 @@ def test_the_export_does_not_depend_on_the_world_size_that_wrote_the_shards(run_
     from trainer.loop.parallel import build_sharded_model
 
     ckpts = run_dir / "checkpoints"
-    model = build_sharded_model("tiny", 0, one_rank_group, param_bytes=1, initialize=False)
+    model = build_sharded_model(MODEL, 0, one_rank_group, param_bytes=1, initialize=False)
     model, optimizer, meta = restored(ckpts, model)
     one = tmp_path / "world1"
     one.mkdir()
@@ -141,7 +144,7 @@ def test_the_export_does_not_depend_on_the_world_size_that_wrote_the_shards(run_
     assert json.loads((one / step_dir_name(STEPS) / MANIFEST).read_text())["world_size"] == 1
 
     for source, name in ((ckpts, "two"), (one, "one")):
-        export(source, "--format", "hf", "--out", str(tmp_path / name / "hf"), "--max_file_gb", "0.004")
+        export(source, "--format", "hf", "--out", str(tmp_path / name / "hf"), "--max_file_gb", SPLIT_GB)
         export(source, "--format", "dcp", "--optimizer", "--out", str(tmp_path / name / "dcp"))
     for fmt, pattern in (("hf", "*.safetensors"), ("hf", "*.json"), ("dcp", "*.distcp")):
         two = sorted((tmp_path / "two" / fmt).glob(pattern))

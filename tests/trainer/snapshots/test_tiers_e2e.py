@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from tests.jobs import (ROOT, TINY, env_for, events, faults, kill_group, ok, results, run_local,
-                        start_local, wait_for)
+from tests.jobs import (JOB_FLAGS, ROOT, env_for, events, faults, kill_group, ok, results,
+                        run_local, start_local, wait_for)
 
 TIERS = ["--tiers", "memory,node,peer", "--snapshot_interval", "1"]
 
@@ -92,7 +92,7 @@ def test_snapshot_torn_mid_copy_is_never_used(cache_dir, reference, tmp_path, mo
 def test_memory_budget_too_small_is_a_clear_error_before_training(cache_dir, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer", *TINY, "--max_steps", "4", "--checkpoint_dir",
+        [sys.executable, "-m", "trainer", *JOB_FLAGS, "--max_steps", "4", "--checkpoint_dir",
          str(run_dir / "ck"), "--results_path", str(run_dir / "results.json"), *TIERS,
          "--memory_budget_gib", "0.001"],
         cwd=ROOT, env={**env_for(cache_dir), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29731"},

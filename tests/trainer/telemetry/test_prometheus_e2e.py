@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.local import free_port_block
-from tests.jobs import ROOT, TINY, env_for, kill_group, start_local, wait_for
+from tests.jobs import JOB_FLAGS, ROOT, env_for, kill_group, start_local, wait_for
 from trainer.telemetry.exporter import serve
 from trainer.telemetry.published import publish
 
@@ -68,7 +68,7 @@ def test_the_pods_launcher_serves_its_workers_figures(cache_dir, tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "trainer.recovery.launch", "--mode", "baseline", "--nnodes", "1",
            "--nproc_per_node", "2", "--node_rank", "0", "--master_addr", "127.0.0.1",
-           "--master_port", str(master), "--metrics_port", str(metrics), "--", *TINY,
+           "--master_port", str(master), "--metrics_port", str(metrics), "--", *JOB_FLAGS,
            "--max_steps", "100000", "--log_interval", "1", "--checkpoint_dir",
            str(run_dir / "checkpoints"), "--results_path", str(run_dir / "results.json")]
     run_dir.mkdir()
