@@ -32,7 +32,7 @@ JOB_FLAGS = ["--model", MODEL, "--seq_len", "64", "--batch_size", "2", "--log_in
              "--warmup_steps", "4", "--tensorboard", "false", *COMPUTE_DTYPE]
 # Seconds every step of a test job waits beyond its compute (`trainer.phases`), as a GPU step
 # leaves its host waiting: a test's signals and faults land mid-run as they did when the jobs
-# trained the 25 times larger tiny model, at a third less CPU a job.
+# trained the 25 times larger tiny model, at a quarter less CPU a job.
 STEP_DELAY_S = 0.1
 # Bounds on a fast machine, in seconds; on a slower one they stretch with its pace (`stretched`).
 JOB_TIMEOUT_S = 240.0
