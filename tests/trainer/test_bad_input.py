@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from config.contract import FINAL_ERROR_ENV
-from tests.jobs import JOB_FLAGS, ROOT, env_for, events, ok, results, run_local, small_fs, wait_for
+from tests.jobs import (JOB_FLAGS, MODEL, ROOT, env_for, events, ok, results, run_local, small_fs,
+                        wait_for)
 from trainer.accounting.events import EventLog
 from trainer.durable.manager import CheckpointManager
 from trainer.durable.run_settings import SETTINGS_FILE
@@ -150,7 +151,7 @@ def test_a_changed_seed_is_refused_before_launch(tmp_path):
 
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
-    run_settings.record(from_values(checkpoint_dir=str(ckpts), model="tiny", seq_len=64, seed=7))
+    run_settings.record(from_values(checkpoint_dir=str(ckpts), model=MODEL, seq_len=64, seed=7))
     runner = _entry_points(tmp_path)["runner"]
     line = _one_line_refusal([*runner, "--checkpoint_dir", str(ckpts), "--seed", "8"], tmp_path)
     assert f"--seed 8 differs from 7, which the run in {ckpts} trains with" in line
