@@ -65,22 +65,25 @@ demo: $(VENV)/.installed
 
 # Two legs at once. The main leg: the whole suite on this machine's pinned torch and NVRx 0.4.1.
 # The image leg: the recovery tests (launch topology, spares, shrink, node loss, restarts) on the
-# GPU image's torch and NVRx 0.7 ($(IMAGE_VENV)), its output shown after the main leg's. Each leg
-# runs TEST_WORKERS pytest-xdist workers: most of a test job's seconds are waits (timeouts, hangs,
-# restarts), and every job's timeouts follow the pace its worker measured under that load.
+# GPU image's torch and NVRx 0.7 ($(IMAGE_VENV)), its output shown after the main leg's. The main
+# leg runs TEST_WORKERS pytest-xdist workers, the image leg IMAGE_WORKERS: many of a test job's
+# seconds are waits (timeouts, hangs, restarts), and every job's timeouts follow the pace its
+# worker measured under that load. The main leg's third worker fills the cores the image leg
+# leaves once it ends (docs/testing.md).
 # pytest exits 5 when it collects no tests: that is not a failure of the code under test.
 # The set-up builds what the legs need side by side (downloads, mostly); its time and the tests'
 # are printed apart, and the main leg's 15 slowest tests last.
 # The image leg leaves out the `baseline` runs: they touch no NVRx but its checkpoint writer,
 # which the other modes' runs exercise there; the main leg runs them.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
+IMAGE_WORKERS ?= 2
 IMAGE_TESTS ?= tests/trainer/recovery
 IMAGE_SELECT ?= not baseline
 SETUP := $(VENV)/.installed $(IMAGE_VENV)/.installed $(CDK) $(CHECKOV) $(PROMETHEUS)
 test:
 	@start=$$(date +%s); $(MAKE) --no-print-directory -j5 $(SETUP) || exit $$?; \
 	echo "== set-up: $$(( $$(date +%s) - start )) s"; start=$$(date +%s); mkdir -p .cache; \
-	$(IMAGE_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -p no:cacheprovider \
+	$(IMAGE_PY) -m pytest -q -n $(IMAGE_WORKERS) --dist loadgroup -p no:cacheprovider \
 		-k "$(IMAGE_SELECT)" $(IMAGE_TESTS) > .cache/image-leg.log 2>&1 & image=$$!; \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 | tee .cache/main-leg.log; \
 	main=$${PIPESTATUS[0]}; wait $$image; leg=$$?; \
