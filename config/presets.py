@@ -1,7 +1,8 @@
 """The model presets as data: the exact published architectures (Meta's Llama 3.1 8B and
-Llama 3.2 1B/3B config.json files; `micro` and `tiny` are ours), the tokenizer each is trained with, and the
-arithmetic the manifests and the capacity plan size memory by. No torch, no transformers: the
-trainer builds the models (`trainer.loop.model`), everything else reads the numbers here."""
+Llama 3.2 1B/3B config.json files; `micro` and `tiny` are ours), the tokenizer each is trained
+with, and the arithmetic the manifests and the capacity plan size memory by. No torch, no
+transformers: the trainer builds the models (`trainer.loop.model`), everything else reads the
+numbers here."""
 
 from __future__ import annotations
 

@@ -130,8 +130,7 @@ def launcher_cmd(mode: str, run_dir: Path, port: int, *trainer_args: str, nproc:
     return [sys.executable, "-m", "trainer.recovery.launch", "--mode", mode, "--nnodes", "1",
             "--nproc_per_node", str(nproc), "--node_rank", "0", "--master_addr", "127.0.0.1",
             "--master_port", str(port), "--metrics_port", "0", *launcher_flags(mode), "--",
-            *JOB_FLAGS,
-            "--checkpoint_dir", str(run_dir / "checkpoints"),
+            *JOB_FLAGS, "--checkpoint_dir", str(run_dir / "checkpoints"),
             "--results_path", str(run_dir / "results.json"), *trainer_args]
 
 
