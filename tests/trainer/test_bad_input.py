@@ -36,7 +36,7 @@ BIT_FLIP_AT = 1 / 3  # where in a shard a same-size corruption goes: only its di
 # -- helpers ------------------------------------------------------------------------------------
 def _one_line_refusal(cmd: list[str], tmp_path: Path, extra_env: dict | None = None) -> str:
     """Run `cmd`, which must refuse its input: exit code 2 and one line on stderr, returned."""
-    proc = subprocess.run(cmd, cwd=ROOT, env={**env_for(tmp_path / "cache"), **(extra_env or {})},
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(tmp_path / "cache", extra_env),
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stderr[-3000:])
